@@ -1,0 +1,42 @@
+"""interference: measure why a network forgets (empirical NTK, gradient covariance, sparsity) on any nn.Module.
+
+Pure functions on PyTorch modules; nothing here knows about RL, files or the other packages.
+"""
+
+from .activations import FTA, LWTA, Elephant, Maxout, activation_names, elephant, make_activation
+from .closed_form import one_hidden_layer_ntk
+from .gradcov import gradient_covariance, per_sample_grads
+from .nets import count_parameters, match_width, mlp, spread_bias_
+from .ntk import ntk
+from .sparsity import (
+    dormant_units,
+    function_sparsity,
+    gradient_sparsity,
+    representation_sparsity,
+    saturated_units,
+    sparsity_limit,
+)
+
+__all__ = [
+    "Elephant",
+    "FTA",
+    "LWTA",
+    "Maxout",
+    "activation_names",
+    "count_parameters",
+    "dormant_units",
+    "elephant",
+    "function_sparsity",
+    "gradient_covariance",
+    "gradient_sparsity",
+    "make_activation",
+    "match_width",
+    "mlp",
+    "ntk",
+    "one_hidden_layer_ntk",
+    "per_sample_grads",
+    "representation_sparsity",
+    "saturated_units",
+    "sparsity_limit",
+    "spread_bias_",
+]

@@ -1,0 +1,302 @@
+"""Activation functions of the paper and its baselines, and one registry to build them by name.
+
+All modules act on the last dimension of their input, which holds the hidden units:
+``(..., units) -> (..., units_out)``. ``units_out == units`` except for ``Maxout`` (``units / k``) and
+``FTA`` (``units * k``); ``output_width(module, units)`` tells the width a module produces.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+__all__ = [
+    "Elephant",
+    "Maxout",
+    "LWTA",
+    "FTA",
+    "elephant",
+    "make_activation",
+    "activation_names",
+    "output_width",
+]
+
+
+def _odd_and_even_powers(u: Tensor, d: float) -> tuple[Tensor, Tensor]:
+    """Return ``(sign(u)|u|^(d-1), |u|^d)``; repeated squaring and multiplication for integer ``d``."""
+    if float(d).is_integer() and 1 <= d <= 64:
+        n = int(d) - 1  # u^(n) by binary exponentiation, then fix the sign for even d-1
+        result, base = None, u
+        while n:
+            if n & 1:
+                result = base if result is None else result * base
+            n >>= 1
+            if n:
+                base = base * base
+        if result is None:  # d == 1
+            odd = torch.sign(u)
+        elif int(d) % 2 == 1:  # d-1 even: u^(d-1) = |u|^(d-1); attach sign(u)
+            odd = result * torch.sign(u)
+        else:
+            odd = result
+        return odd, odd * u
+    au = u.abs()
+    even = au.pow(d)
+    return torch.sign(u) * au.pow(d - 1), even
+
+
+class _ElephantFunction(torch.autograd.Function):
+    """y = h / (1 + |x/a|^d) with a hand-written backward (fused, no pow for integer d).
+
+    The backward recomputes from the saved inputs with differentiable ops, so double backward and
+    ``torch.func`` transforms (vmap, jacrev, grad) work.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, h: Tensor, a: Tensor, d: float) -> Tensor:  # type: ignore[override]
+        _, p = _odd_and_even_powers(x / a, d)
+        return h / (1.0 + p)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        x, h, a, d = inputs
+        ctx.save_for_backward(x, h, a)
+        ctx.d = d
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, h, a = ctx.saved_tensors
+        d = ctx.d
+        u = x / a
+        q, p = _odd_and_even_powers(u, d)
+        s = 1.0 / (1.0 + p)
+        hs2 = h * s * s
+        gx = gh = ga = None
+        if ctx.needs_input_grad[0]:
+            gx = grad * (-d) * hs2 * q / a
+        if ctx.needs_input_grad[1]:
+            gh = _sum_to(grad * s, h.shape)
+        if ctx.needs_input_grad[2]:
+            ga = _sum_to(grad * d * hs2 * p / a, a.shape)
+        return gx, gh, ga, None
+
+
+def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
+    """Sum a broadcast gradient back to ``shape`` (the shape of a per-unit parameter)."""
+    if t.shape == shape:
+        return t
+    lead = t.dim() - len(shape)
+    t = t.sum(dim=tuple(range(lead))) if lead > 0 else t
+    dims = tuple(i for i, n in enumerate(shape) if n == 1 and t.shape[i] != 1)
+    return t.sum(dim=dims, keepdim=True) if dims else t
+
+
+def elephant(x: Tensor, h: Tensor | float = 1.0, a: Tensor | float = 1.0, d: float = 4.0) -> Tensor:
+    """Elephant(x) = h / (1 + |x/a|^d), elementwise; ``h`` and ``a`` broadcast against ``x``."""
+    h = torch.as_tensor(h, dtype=x.dtype, device=x.device)
+    a = torch.as_tensor(a, dtype=x.dtype, device=x.device)
+    return _ElephantFunction.apply(x, h, a, float(d))
+
+
+class Elephant(nn.Module):
+    """Elephant activation with one learnable ``h`` and ``a`` per unit (stored as logs, so both stay > 0).
+
+    Args:
+        d: slope exponent, fixed (> 0; even integers are fastest).
+        h: initial height (> 0).
+        a: initial half-width (> 0).
+        num_units: number of units on the last input dimension; ``None`` shares one ``h`` and ``a``.
+        learnable: ``False`` freezes ``h`` and ``a`` (kept as buffers, not parameters).
+
+    Shape: ``(..., num_units) -> (..., num_units)``.
+    """
+
+    def __init__(
+        self,
+        d: float = 4.0,
+        h: float = 1.0,
+        a: float = 0.2,
+        num_units: int | None = None,
+        learnable: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (("d", d), ("h", h), ("a", a)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"Elephant: {name} must be a positive finite number, got {value!r}")
+        if num_units is not None and (not isinstance(num_units, int) or num_units <= 0):
+            raise ValueError(f"Elephant: num_units must be a positive int or None, got {num_units!r}")
+        self.d = float(d)
+        self.num_units = num_units
+        self.learnable = learnable
+        shape = (num_units,) if num_units is not None else ()
+        log_h = torch.full(shape, math.log(h))
+        log_a = torch.full(shape, math.log(a))
+        if learnable:
+            self.log_h = nn.Parameter(log_h)
+            self.log_a = nn.Parameter(log_a)
+        else:
+            self.register_buffer("log_h", log_h)
+            self.register_buffer("log_a", log_a)
+
+    @property
+    def h(self) -> Tensor:
+        """Per-unit height, shape ``(num_units,)`` or ``()``."""
+        return self.log_h.exp()
+
+    @property
+    def a(self) -> Tensor:
+        """Per-unit half-width, shape ``(num_units,)`` or ``()``."""
+        return self.log_a.exp()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.num_units is not None and x.shape[-1] != self.num_units:
+            raise ValueError(f"Elephant: expected last input dimension {self.num_units}, got shape {tuple(x.shape)}")
+        return _ElephantFunction.apply(x, self.h, self.a, self.d)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d:g}, num_units={self.num_units}, learnable={self.learnable}"
+
+
+def _check_group(name: str, k: Any) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"{name}: k must be a positive int, got {k!r}")
+    return k
+
+
+def _check_divisible(name: str, x: Tensor, k: int) -> None:
+    if x.shape[-1] % k:
+        raise ValueError(f"{name}(k={k}): input width {x.shape[-1]} is not divisible by k")
+
+
+class Maxout(nn.Module):
+    """Maxout (Goodfellow et al. 2013): the max over each group of ``k`` consecutive units.
+
+    Shape: ``(..., units) -> (..., units // k)``; ``units`` must be divisible by ``k``.
+    """
+
+    def __init__(self, k: int = 5) -> None:
+        super().__init__()
+        self.k = _check_group("Maxout", k)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_divisible("Maxout", x, self.k)
+        return x.unflatten(-1, (-1, self.k)).amax(dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}"
+
+
+class LWTA(nn.Module):
+    """Local winner-take-all (Srivastava et al. 2013): in each group of ``k`` units only the largest passes.
+
+    Shape: ``(..., units) -> (..., units)``; ``units`` must be divisible by ``k``. Ties pass together.
+    """
+
+    def __init__(self, k: int = 5) -> None:
+        super().__init__()
+        self.k = _check_group("LWTA", k)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_divisible("LWTA", x, self.k)
+        groups = x.unflatten(-1, (-1, self.k))
+        winners = groups == groups.amax(dim=-1, keepdim=True)
+        return (groups * winners).flatten(-2)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}"
+
+
+class FTA(nn.Module):
+    """Fuzzy tiling activation (Pan et al. 2020) with ``k`` tiles on ``[-bound, bound]``.
+
+    Each scalar z becomes ``k`` features ``1 - I_eta(max(c - z, 0) + max(z - delta - c, 0))`` with tile starts
+    ``c = -bound + i * delta``, ``delta = 2 bound / k`` and fuzziness ``eta`` (default ``delta``), where
+    ``I_eta(v) = v`` if ``v <= eta`` else 1. Shape: ``(..., units) -> (..., units * k)``.
+    """
+
+    def __init__(self, k: int = 20, bound: float = 20.0, eta: float | None = None) -> None:
+        super().__init__()
+        self.k = _check_group("FTA", k)
+        if not isinstance(bound, (int, float)) or not math.isfinite(bound) or bound <= 0:
+            raise ValueError(f"FTA: bound must be a positive finite number, got {bound!r}")
+        delta = 2.0 * bound / k
+        if eta is None:
+            eta = delta
+        if not isinstance(eta, (int, float)) or eta < 0:
+            raise ValueError(f"FTA: eta must be a non-negative number, got {eta!r}")
+        self.bound, self.delta, self.eta = float(bound), delta, float(eta)
+        self.register_buffer("tiles", torch.linspace(-bound, bound - delta, k), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = x.unsqueeze(-1)
+        c = self.tiles.to(dtype=x.dtype)
+        v = F.relu(c - z) + F.relu(z - self.delta - c)
+        fuzzy = torch.where(v <= self.eta, v, torch.ones_like(v))
+        return (1.0 - fuzzy).flatten(-2)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, bound={self.bound:g}, eta={self.eta:g}"
+
+
+_Factory = Callable[..., nn.Module]
+
+_REGISTRY: dict[str, tuple[_Factory, tuple[str, ...]]] = {
+    "relu": (nn.ReLU, ()),
+    "tanh": (nn.Tanh, ()),
+    "sigmoid": (nn.Sigmoid, ()),
+    "elu": (nn.ELU, ("alpha",)),
+    "elephant": (Elephant, ("d", "h", "a", "num_units", "learnable")),
+    "maxout": (Maxout, ("k",)),
+    "lwta": (LWTA, ("k",)),
+    "fta": (FTA, ("k", "bound", "eta")),
+}
+
+
+def activation_names() -> list[str]:
+    """Names accepted by :func:`make_activation`."""
+    return sorted(_REGISTRY)
+
+
+def activation_arguments(name: str) -> tuple[str, ...]:
+    """Keyword arguments the activation ``name`` takes."""
+    return _REGISTRY[_canonical(name)][1]
+
+
+def _canonical(name: str) -> str:
+    key = str(name).lower()
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(activation_names())}")
+    return key
+
+
+def make_activation(name: str, **kwargs: Any) -> nn.Module:
+    """Build an activation module by (case-insensitive) name, e.g. ``make_activation("elephant", d=8, a=0.08)``.
+
+    Raises ``ValueError`` for an unknown name or an argument the activation does not take.
+    """
+    key = _canonical(name)
+    factory, allowed = _REGISTRY[key]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        takes = ", ".join(allowed) if allowed else "no arguments"
+        raise ValueError(f"activation {key!r} does not take {', '.join(unknown)}; it takes {takes}")
+    return factory(**kwargs)
+
+
+def output_width(module: nn.Module, units: int) -> int:
+    """Width an activation module produces from ``units`` inputs."""
+    if isinstance(module, Maxout):
+        if units % module.k:
+            raise ValueError(f"Maxout(k={module.k}): width {units} is not divisible by k")
+        return units // module.k
+    if isinstance(module, FTA):
+        return units * module.k
+    if isinstance(module, LWTA) and units % module.k:
+        raise ValueError(f"LWTA(k={module.k}): width {units} is not divisible by k")
+    return units

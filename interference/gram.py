@@ -1,0 +1,498 @@
+"""Gram matrices of per-sample Jacobians: the engine behind :func:`ntk` and :func:`gradient_covariance`.
+
+For a function ``fn(batch) -> (n, O)`` that runs an ``nn.Module`` on a batch whose samples do not interact,
+the Gram matrix ``K[n, m, o, p] = <d fn(x_n)_o / d theta, d fn(x'_m)_p / d theta>`` over the selected
+parameters ``theta`` is computed in two parts that add up:
+
+* the layer-wise path: forward hooks on modules of known types (``nn.Linear``, ``nn.Conv2d``, ``nn.LayerNorm``,
+  :class:`~interference.activations.Elephant`) record their inputs, and one batched backward pass (one
+  cotangent per output) gives the gradients at their outputs. A 2-D ``Linear`` contributes
+  ``(A A'^T + 1) * (B B'^T)`` without ever forming per-sample gradients; the others contribute the Gram of their
+  (small) per-sample gradients, formed one layer at a time.
+* the ``torch.func`` path (``vmap(jacrev(...))``) for every selected parameter the layer-wise path does not cover:
+  parameters of unknown module types, of modules called more than once per forward, or shared between modules.
+
+A batch is a tensor or a pytree (tuple, list, dict, namedtuple) of tensors that share the leading dimension.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils import _pytree as pytree
+
+from .activations import Elephant
+
+Batch = Any  # a Tensor or a pytree of Tensors with a common leading dimension
+Output = Literal["full", "trace", "diagonal"]
+Implementation = Literal["auto", "layerwise", "func"]
+
+__all__ = ["jacobian_gram", "select_parameters", "single_sample_fn", "batch_size", "available_memory", "Batch"]
+
+_OUTPUTS = ("full", "trace", "diagonal")
+_IMPLEMENTATIONS = ("auto", "layerwise", "func")
+
+
+# ----------------------------------------------------------------------------------------------- batches
+def batch_size(batch: Batch, what: str = "batch") -> int:
+    """Leading dimension shared by every tensor in ``batch``; clear errors for anything else."""
+    leaves = pytree.tree_leaves(batch)
+    if not leaves:
+        raise TypeError(f"{what} must be a torch.Tensor or a tuple/list/dict of tensors, got {type(batch).__name__}")
+    for leaf in leaves:
+        if not isinstance(leaf, Tensor):
+            raise TypeError(f"{what} must contain only torch.Tensor values, got {type(leaf).__name__}")
+        if leaf.dim() == 0:
+            raise ValueError(f"{what} tensors need a leading batch dimension, got a 0-d tensor")
+    sizes = {leaf.shape[0] for leaf in leaves}
+    if len(sizes) != 1:
+        raise ValueError(f"{what} tensors disagree on the batch size: {sorted(sizes)}")
+    n = sizes.pop()
+    if n == 0:
+        raise ValueError(f"{what} is empty (batch size 0)")
+    return n
+
+
+def _slice(batch: Batch, start: int, stop: int) -> Batch:
+    return pytree.tree_map(lambda t: t[start:stop], batch)
+
+
+def check_compatible(a: Batch, b: Batch) -> None:
+    """Raise if two batches differ in structure, per-sample shape or dtype."""
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    if sa != sb:
+        raise ValueError("x and xt must have the same structure (both tensors, or the same tuple/dict layout)")
+    for ta, tb in zip(la, lb):
+        if ta.shape[1:] != tb.shape[1:]:
+            raise ValueError(
+                f"x and xt have mismatched feature shapes: {tuple(ta.shape[1:])} vs {tuple(tb.shape[1:])}"
+                f" (full shapes {tuple(ta.shape)} and {tuple(tb.shape)})"
+            )
+        if ta.dtype != tb.dtype:
+            raise ValueError(f"x and xt have different dtypes: {ta.dtype} vs {tb.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------- parameters
+def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[str, nn.Parameter]:
+    """The parameters to differentiate: ``params`` by name, or all with ``requires_grad=True``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    named = dict(model.named_parameters())
+    if params is None:
+        chosen = {k: p for k, p in named.items() if p.requires_grad}
+        if not chosen:
+            raise ValueError("model has no trainable parameters (requires_grad=True); pass params=[names] to choose some")
+        return chosen
+    if isinstance(params, str):
+        params = [params]
+    names = list(params)
+    unknown = [k for k in names if k not in named]
+    if unknown:
+        raise ValueError(f"unknown parameter names {unknown}; the model has {list(named)}")
+    if not names:
+        raise ValueError("params is empty: choose at least one parameter name")
+    return {k: named[k] for k in names}
+
+
+# ----------------------------------------------------------------------------------------------- layer rules
+@dataclass
+class _Factor:
+    """One layer's contribution for a block of samples.
+
+    Either ``gram`` (2-D Linear): ``a`` (n, in) or None, ``bias`` flag, ``b`` (n, O, out); or ``g`` (n, O, P).
+    """
+
+    a: Tensor | None = None
+    bias: bool = False
+    b: Tensor | None = None
+    g: Tensor | None = None
+
+
+def _linear_rule(mod: nn.Linear, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
+    w, bias = "weight" in use, "bias" in use
+    if inp.dim() == 2:
+        return [_Factor(a=inp if w else None, bias=bias, b=gout)]
+    n, o = gout.shape[:2]
+    a = inp.reshape(n, -1, inp.shape[-1])
+    b = gout.reshape(n, o, -1, gout.shape[-1])
+    parts = []
+    if w:
+        parts.append(torch.einsum("notj,nti->noji", b, a).reshape(n, o, -1))
+    if bias:
+        parts.append(b.sum(2))
+    return [_Factor(g=torch.cat(parts, -1))]
+
+
+def _conv2d_rule(mod: nn.Conv2d, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
+    n, o, c_out = gout.shape[:3]
+    b = gout.reshape(n, o, c_out, -1)
+    parts = []
+    if "weight" in use:
+        u = F.unfold(inp, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride)
+        parts.append(torch.einsum("nocl,nkl->nock", b, u).reshape(n, o, -1))
+    if "bias" in use:
+        parts.append(b.sum(-1))
+    return [_Factor(g=torch.cat(parts, -1))]
+
+
+def _layer_norm_rule(mod: nn.LayerNorm, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
+    n, o = gout.shape[:2]
+    k = len(mod.normalized_shape)
+    b = gout.reshape(n, o, -1, *gout.shape[gout.dim() - k:])  # (n, O, rest, *normalized)
+    parts = []
+    if "weight" in use:
+        xhat = F.layer_norm(inp, mod.normalized_shape, None, None, mod.eps)
+        xhat = xhat.reshape(n, 1, -1, *xhat.shape[xhat.dim() - k:])
+        parts.append((b * xhat).sum(2).reshape(n, o, -1))
+    if "bias" in use:
+        parts.append(b.sum(2).reshape(n, o, -1))
+    return [_Factor(g=torch.cat(parts, -1))]
+
+
+def _elephant_rule(mod: Elephant, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
+    # dy/dlog_h = h s and dy/dlog_a = h d |u|^d s^2, with u = x/a and s = 1/(1 + |u|^d).
+    n, o = gout.shape[:2]
+    h, a = mod.h, mod.a
+    u = inp / a
+    p = u.abs().pow(mod.d)
+    s = 1.0 / (1.0 + p)
+    parts = []
+    lead = (n, o, -1) if mod.num_units is None else (n, o, -1, inp.shape[-1])
+    for name, dy in (("log_h", h * s), ("log_a", h * mod.d * p * s * s)):
+        if name in use:
+            contrib = (gout * dy.unsqueeze(1)).reshape(lead).sum(2)
+            parts.append(contrib.reshape(n, o, -1))
+    return [_Factor(g=torch.cat(parts, -1))]
+
+
+_Rule = Callable[[nn.Module, Tensor, Tensor, set[str]], list[_Factor]]
+_RULES: dict[type, _Rule] = {
+    nn.Linear: _linear_rule,
+    nn.Conv2d: _conv2d_rule,
+    nn.LayerNorm: _layer_norm_rule,
+    Elephant: _elephant_rule,
+}
+
+
+def _rule_for(mod: nn.Module) -> _Rule | None:
+    rule = _RULES.get(type(mod))
+    if rule is _conv2d_rule and (mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str)):
+        return None
+    return rule
+
+
+# ----------------------------------------------------------------------------------------------- plan
+@dataclass
+class _Plan:
+    """Which selected parameters each path handles."""
+
+    modules: dict[nn.Module, set[str]] = field(default_factory=dict)  # module -> its local param names to use
+    func_names: list[str] = field(default_factory=list)  # full names for the torch.func path
+
+
+def _make_plan(model: nn.Module, selected: dict[str, nn.Parameter], implementation: str) -> _Plan:
+    plan = _Plan()
+    if implementation == "func":
+        plan.func_names = list(selected)
+        return plan
+    owners: dict[int, int] = {}
+    for mod in model.modules():
+        for p in mod.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    seen: dict[int, str] = {}
+    for full, p in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(p), full)
+    covered: set[str] = set()
+    for prefix, mod in model.named_modules():
+        rule = _rule_for(mod)
+        if rule is None:
+            continue
+        use = set()
+        for local, p in mod.named_parameters(recurse=False):
+            full = seen[id(p)]
+            if full in selected and owners[id(p)] == 1:
+                use.add(local)
+                covered.add(full)
+        if use:
+            plan.modules[mod] = use
+    plan.func_names = [k for k in selected if k not in covered]
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------- layer-wise pass
+@contextmanager
+def _capture(plan: _Plan) -> Iterator[dict[nn.Module, list]]:
+    """Forward hooks that record each planned module's input and replace its output by ``output + e``.
+
+    ``e`` is a zero tensor whose gradient is the gradient at the module's output, even if later layers
+    modify that output in place.
+    """
+    records: dict[nn.Module, list] = {m: [] for m in plan.modules}
+
+    def hook(mod: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        probe = torch.zeros_like(out, requires_grad=True)
+        records[mod].append((args[0].detach(), probe))
+        return out + probe
+
+    handles = [m.register_forward_hook(hook) for m in plan.modules]
+    try:
+        yield records
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: _Plan) -> tuple[list[_Factor], Tensor]:
+    """Per-layer factors for one block of samples, and the outputs ``(n, O)``."""
+    with torch.enable_grad(), _capture(plan) as records:
+        out = fn(batch)
+    bad = [m for m, r in records.items() if len(r) > 1]
+    if bad:
+        raise _ReusedModules(bad)
+    used = [(m, r[0]) for m, r in records.items() if r]
+    if not used:
+        return [], out.detach()
+    n, o = out.shape
+    probes = [probe for _, (_, probe) in used]
+    cotangents = torch.eye(o, dtype=out.dtype, device=out.device).unsqueeze(1).expand(o, n, o)
+    if o == 1:
+        grads = torch.autograd.grad(out, probes, grad_outputs=cotangents[0], allow_unused=True)
+        grads = [None if g is None else g.unsqueeze(0) for g in grads]
+    else:
+        grads = torch.autograd.grad(out, probes, grad_outputs=cotangents, is_grads_batched=True, allow_unused=True)
+    factors = []
+    for (mod, (inp, _)), g in zip(used, grads):
+        if g is None:  # module ran but does not influence the output
+            continue
+        gout = g.movedim(0, 1)  # (n, O, *out_shape)
+        with torch.no_grad():
+            factors += _rule_for(mod)(mod, inp, gout, plan.modules[mod])
+    return factors, out.detach()
+
+
+class _ReusedModules(Exception):
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
+
+
+# ----------------------------------------------------------------------------------------------- torch.func path
+class _FnModule(nn.Module):
+    """Wraps ``fn`` so that ``torch.func.functional_call`` can swap the model's parameters under it."""
+
+    def __init__(self, model: nn.Module, fn: Callable[[Batch], Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.fn = fn
+
+    def forward(self, batch: Batch) -> Tensor:
+        return self.fn(batch)
+
+
+def single_sample_fn(model: nn.Module, fn: Callable[[Batch], Tensor]) -> Callable[[dict[str, Tensor], Batch], Tensor]:
+    """``f(params, sample)``: ``fn`` on one sample (no batch dimension) with ``params`` swapped into ``model``.
+
+    Every other parameter enters detached, so ``torch.func`` transforms over ``params`` and samples
+    (``vmap(jacrev(f))``) build no graph through the rest of the model.
+    """
+    wrapper = _FnModule(model, fn)
+    fixed = {f"model.{k}": p.detach() for k, p in model.named_parameters()}
+
+    def single(params: dict[str, Tensor], sample: Batch) -> Tensor:
+        one = pytree.tree_map(lambda t: t.unsqueeze(0), sample)
+        swapped = {**fixed, **{f"model.{k}": v for k, v in params.items()}}
+        return torch.func.functional_call(wrapper, swapped, (one,)).squeeze(0)
+
+    return single
+
+
+def _func_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[str], batch: Batch) -> Tensor:
+    """Per-sample Jacobian ``(n, O, P)`` of ``fn`` w.r.t. the named parameters, by ``vmap(jacrev)``."""
+    named = dict(model.named_parameters())
+    params = {k: named[k].detach() for k in names}
+    jac = torch.func.vmap(torch.func.jacrev(single_sample_fn(model, fn)), in_dims=(None, 0))(params, batch)
+    n = batch_size(batch)
+    return torch.cat([jac[k].reshape(n, jac[k].shape[1], -1) for k in names], dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------- contraction
+def _contract(f1: _Factor | Tensor, f2: _Factor | Tensor, output: str) -> Tensor:
+    """Kernel block between two factors: ``(n, m, O, O)``, ``(n, m, O)`` or ``(n, m)``."""
+    if isinstance(f1, Tensor) or f1.g is not None:
+        g1 = f1 if isinstance(f1, Tensor) else f1.g
+        g2 = f2 if isinstance(f2, Tensor) else f2.g
+        eq = {"full": "nop,mqp->nmoq", "diagonal": "nop,mop->nmo", "trace": "nop,mop->nm"}[output]
+        return torch.einsum(eq, g1, g2)
+    outer = (f1.a @ f2.a.T) if f1.a is not None else None
+    if f1.bias:
+        outer = outer + 1.0 if outer is not None else torch.ones(f1.b.shape[0], f2.b.shape[0], dtype=f1.b.dtype,
+                                                                   device=f1.b.device)
+    if output == "full":
+        return outer[:, :, None, None] * torch.einsum("noi,mqi->nmoq", f1.b, f2.b)
+    bb = torch.einsum("noi,moi->nmo", f1.b, f2.b)
+    return outer[:, :, None] * bb if output == "diagonal" else torch.einsum("nm,nmo->nm", outer, bb)
+
+
+def _block_kernel(fn, model, plan, b1, b2, output) -> Tensor:
+    f1, _ = _layerwise_factors(fn, b1, plan)
+    f2 = f1 if b2 is None else _layerwise_factors(fn, b2, plan)[0]
+    if plan.func_names:
+        j1 = _func_jacobian(fn, model, plan.func_names, b1)
+        j2 = j1 if b2 is None else _func_jacobian(fn, model, plan.func_names, b2)
+        f1, f2 = f1 + [j1], f2 + [j2]
+    if not f1:
+        raise ValueError("none of the selected parameters influences the output (all gradients are zero)")
+    total = _contract(f1[0], f2[0], output)
+    for a, b in zip(f1[1:], f2[1:]):
+        total = total + _contract(a, b, output)
+    return total
+
+
+# ----------------------------------------------------------------------------------------------- memory
+def available_memory(device: torch.device) -> int:
+    """Bytes free on ``device`` now (CUDA: ``mem_get_info``; CPU: available physical memory)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not Linux: assume 8 GiB
+        return 8 << 30
+
+
+@dataclass
+class _Footprint:
+    """Per-sample memory (in elements) of one block's factors, measured by a one-sample dry run."""
+
+    per_sample: int
+    outputs: int
+
+
+def _footprint(fn, model, plan, batch) -> _Footprint:
+    one = _slice(batch, 0, 1)
+    sizes: dict[nn.Module, list[int]] = {}
+
+    def hook(mod, args, out):
+        sizes.setdefault(mod, []).append(args[0].numel() + out.numel())
+    handles = [m.register_forward_hook(hook) for m in plan.modules]
+    try:
+        with torch.no_grad():
+            out = fn(one)
+    finally:
+        for h in handles:
+            h.remove()
+    reused = [m for m, s in sizes.items() if len(s) > 1]
+    if reused:
+        raise _ReusedModules(reused)
+    o = out.shape[1]
+    elems = 0
+    for mod, use in plan.modules.items():
+        if mod not in sizes:
+            continue
+        io = sizes[mod][0]
+        local = sum(p.numel() for k, p in mod.named_parameters(recurse=False) if k in use)
+        gram = type(mod) is nn.Linear and io == mod.in_features + mod.out_features
+        elems += io * (o + 1) + (0 if gram else o * local)
+    elems += 2 * o * sum(dict(model.named_parameters())[k].numel() for k in plan.func_names)
+    return _Footprint(per_sample=elems, outputs=o)
+
+
+# ----------------------------------------------------------------------------------------------- entry point
+def jacobian_gram(
+    fn: Callable[[Batch], Tensor],
+    model: nn.Module,
+    batch: Batch,
+    batch2: Batch | None = None,
+    *,
+    params: Iterable[str] | None = None,
+    output: Output = "full",
+    implementation: Implementation = "auto",
+    chunk_size: int | None = None,
+    max_memory: int | None = None,
+) -> Tensor:
+    """Gram matrix of per-sample Jacobians of ``fn`` (see the module docstring).
+
+    Args:
+        fn: maps a batch of ``n`` samples to outputs of shape ``(n, O)``; must run ``model``'s modules and treat
+            samples independently.
+        batch, batch2: ``N`` and ``M`` samples; ``batch2=None`` means ``batch``.
+        params: parameter names to differentiate (default: all with ``requires_grad``).
+        output: ``"full"`` -> ``(N, M, O, O)``, ``"diagonal"`` -> ``(N, M, O)``, ``"trace"`` -> ``(N, M)``.
+        implementation: ``"auto"`` (layer-wise, ``torch.func`` for uncovered parameters), ``"layerwise"``
+            (refuse if any parameter is uncovered) or ``"func"`` (``torch.func`` for everything).
+        chunk_size: samples per block; ``None`` picks the largest block that fits ``max_memory``.
+        max_memory: bytes the computation may use; default 80% of what the device has free.
+    """
+    if output not in _OUTPUTS:
+        raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
+    n = batch_size(batch, "x")
+    m = n if batch2 is None else batch_size(batch2, "xt")
+    if batch2 is not None:
+        check_compatible(batch, batch2)
+    selected = select_parameters(model, params)
+    for mod in model.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training:
+            raise ValueError(
+                f"{type(mod).__name__} in training mode mixes samples, so per-sample Jacobians are undefined;"
+                " call model.eval() first"
+            )
+    plan = _make_plan(model, selected, implementation)
+    try:
+        foot = _footprint(fn, model, plan, batch)
+    except _ReusedModules as err:  # modules called twice per forward go to the torch.func path
+        names = {k for k, p in model.named_parameters() for mod in err.modules for q in mod.parameters(False)
+                 if p is q and k in selected}
+        for mod in err.modules:
+            plan.modules.pop(mod)
+        plan.func_names += [k for k in selected if k in names and k not in plan.func_names]
+        foot = _footprint(fn, model, plan, batch)
+    if implementation == "layerwise" and plan.func_names:
+        raise ValueError(f"implementation='layerwise' does not cover parameters {plan.func_names}; use 'auto'")
+
+    o = foot.outputs
+    out_elems = n * m * {"full": o * o, "diagonal": o, "trace": 1}[output]
+    probe = next(iter(selected.values()))
+    itemsize = probe.element_size()
+    budget = int(0.8 * available_memory(probe.device)) if max_memory is None else int(max_memory)
+
+    def need(block: int) -> int:
+        per_block = {"full": o * o, "diagonal": o, "trace": 1}[output] * block * block
+        return itemsize * (out_elems + 2 * block * foot.per_sample + 2 * per_block)
+
+    if chunk_size is None:
+        chunk = max(n, m)
+        while chunk > 1 and need(chunk) > budget:
+            chunk = (chunk + 1) // 2
+    else:
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+        chunk = chunk_size
+    if need(chunk) > budget:
+        raise MemoryError(
+            f"the kernel needs about {need(chunk) / 2**30:.2f} GiB (output {itemsize * out_elems / 2**30:.2f} GiB,"
+            f" blocks of {chunk} samples) but only {budget / 2**30:.2f} GiB are allowed; use output='trace' or"
+            " 'diagonal', fewer samples, a smaller chunk_size, or raise max_memory"
+        )
+
+    if chunk >= max(n, m):
+        return _block_kernel(fn, model, plan, batch, batch2, output)
+    other = batch if batch2 is None else batch2
+    shape = (n, m) + {"full": (o, o), "diagonal": (o,), "trace": ()}[output]
+    result = torch.empty(shape, dtype=probe.dtype, device=probe.device)
+    for i in range(0, n, chunk):
+        b1 = _slice(batch, i, i + chunk)
+        for j in range(0, m, chunk):
+            b2 = _slice(other, j, j + chunk)
+            same = batch2 is None and i == j
+            result[i:i + chunk, j:j + chunk] = _block_kernel(fn, model, plan, b1, None if same else b2, output)
+    return result
+
+

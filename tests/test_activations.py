@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from interference import FTA, LWTA, Elephant, Maxout, activation_names, elephant, make_activation
+
+
+def literal(x, h, a, d):
+    return h / (1 + (x / a).abs().pow(d))
+
+
+@pytest.mark.parametrize("d", [1.0, 2.0, 3.0, 4.0, 8.0, 2.5])
+def test_elephant_matches_literal_float64(d):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 7, generator=g, dtype=torch.float64) * 2
+    h = torch.rand(7, generator=g, dtype=torch.float64) + 0.5
+    a = torch.rand(7, generator=g, dtype=torch.float64) + 0.1
+    vars1 = [t.clone().requires_grad_() for t in (x, h, a)]
+    vars2 = [t.clone().requires_grad_() for t in (x, h, a)]
+    y1, y2 = elephant(*vars1, d=d), literal(*vars2, d)
+    assert torch.allclose(y1, y2, rtol=1e-13, atol=1e-15)
+    w = torch.randn(y1.shape, generator=g, dtype=torch.float64)
+    g1 = torch.autograd.grad((y1 * w).sum(), vars1)
+    g2 = torch.autograd.grad((y2 * w).sum(), vars2)
+    for a1, a2 in zip(g1, g2):
+        assert torch.allclose(a1, a2, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("d", [2.0, 3.0, 4.0, 8.0, 2.5])
+def test_elephant_gradcheck_x_h_a(d):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(5, 3, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+    h = (torch.rand(3, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+    a = (torch.rand(3, generator=g, dtype=torch.float64) + 0.3).requires_grad_()
+    f = lambda x, h, a: elephant(x, h, a, d)
+    assert torch.autograd.gradcheck(f, (x, h, a))
+    assert torch.autograd.gradgradcheck(f, (x, h, a))
+
+
+def test_elephant_module_parameters_and_freezing():
+    e = Elephant(d=4, h=2.0, a=0.3, num_units=5)
+    assert {n for n, _ in e.named_parameters()} == {"log_h", "log_a"}
+    assert torch.allclose(e.h, torch.full((5,), 2.0)) and torch.allclose(e.a, torch.full((5,), 0.3))
+    frozen = Elephant(num_units=5, learnable=False)
+    assert list(frozen.parameters()) == [] and {n for n, _ in frozen.named_buffers()} == {"log_h", "log_a"}
+    x = torch.randn(4, 5, dtype=torch.float64)
+    assert torch.allclose(e.double()(x), literal(x, 2.0, 0.3, 4.0))
+    with pytest.raises(ValueError, match="last input dimension 5"):
+        e(torch.randn(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="a must be a positive"):
+        Elephant(a=0.0)
+
+
+def test_elephant_under_torch_func():
+    e = Elephant(d=8, num_units=3).double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    jac = torch.func.vmap(torch.func.jacrev(lambda v: e(v)))(x)
+    diag = torch.func.vmap(torch.func.grad(lambda v: e(v).sum()))(x)
+    assert torch.allclose(jac.diagonal(dim1=-2, dim2=-1), diag)
+
+
+def test_maxout_lwta_fta():
+    x = torch.tensor([[1.0, 3.0, 2.0, -1.0, -5.0, 0.0]])
+    assert Maxout(3)(x).tolist() == [[3.0, 0.0]]
+    assert LWTA(3)(x).tolist() == [[0.0, 3.0, 0.0, 0.0, 0.0, 0.0]]
+    fta = FTA(k=4, bound=2.0)  # tiles start at -2, -1, 0, 1 with width 1 and fuzziness 1
+    out = fta(torch.tensor([[0.5]]))
+    assert out.shape == (1, 4)
+    assert torch.allclose(out, torch.tensor([[0.0, 0.5, 1.0, 0.5]]))
+
+
+def test_registry_and_errors():
+    assert set(activation_names()) >= {"relu", "tanh", "sigmoid", "elu", "elephant", "maxout", "lwta", "fta"}
+    assert isinstance(make_activation("ELEPHANT", d=8), Elephant)
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        make_activation("swish")
+    with pytest.raises(ValueError, match="does not take k; it takes no arguments"):
+        make_activation("relu", k=3)
+    with pytest.raises(ValueError, match="bound must be a positive"):
+        make_activation("fta", bound=0)
+    with pytest.raises(ValueError, match="not divisible by k"):
+        make_activation("maxout", k=4)(torch.zeros(2, 10))
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        make_activation("lwta", k=0)

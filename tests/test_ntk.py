@@ -1,0 +1,111 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from interference import mlp, ntk, one_hidden_layer_ntk
+from interference.activations import Elephant, elephant
+from interference.sparsity import derivative
+from reference_models import MODELS, brute_force_ntk, build, inputs
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("implementation", ["auto", "func"])
+def test_ntk_matches_brute_force(name, implementation):
+    model = build(name)
+    x, xt = inputs(name, 5, seed=1), inputs(name, 3, seed=2)
+    ref = brute_force_ntk(model, x, xt)
+    got = ntk(model, x, xt, implementation=implementation)
+    assert got.shape == ref.shape
+    assert rel_err(got, ref) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["mlp-elephant-ln", "cnn", "multi-output", "shared-module"])
+def test_outputs_blocks_and_symmetry(name):
+    model = build(name)
+    x = inputs(name, 7)
+    full = ntk(model, x)
+    assert rel_err(full, brute_force_ntk(model, x, x)) < 1e-6
+    assert torch.allclose(full, full.permute(1, 0, 3, 2))
+    diag = ntk(model, x, output="diagonal")
+    assert torch.allclose(diag, full.diagonal(dim1=2, dim2=3), rtol=1e-10, atol=1e-12)
+    trace = ntk(model, x, output="trace")
+    assert torch.allclose(trace, full.diagonal(dim1=2, dim2=3).sum(-1), rtol=1e-10, atol=1e-12)
+    blocked = ntk(model, x, inputs(name, 5, seed=3), chunk_size=2)
+    assert rel_err(blocked, ntk(model, x, inputs(name, 5, seed=3))) < 1e-12
+    assert rel_err(ntk(model, x, chunk_size=3), full) < 1e-12
+
+
+def test_named_parameter_subset():
+    model = build("mlp-elephant-ln")
+    x = inputs("mlp-elephant-ln", 4)
+    names = ["0.weight", "2.log_a", "6.weight"]
+    assert rel_err(ntk(model, x, params=names), brute_force_ntk(model, x, x, names)) < 1e-6
+
+
+def test_lemma1_closed_form_hadamard():
+    torch.manual_seed(0)
+    fixed = Elephant(d=8, a=0.5, learnable=False).double()
+    for act, sigma in ((nn.Tanh(), torch.tanh), (fixed, lambda z: elephant(z, fixed.h, fixed.a, 8))):
+        net = nn.Sequential(nn.Linear(3, 40), act, nn.Linear(40, 1, bias=False)).double()
+        x = torch.randn(6, 3, dtype=torch.float64)
+        xt = torch.randn(4, 3, dtype=torch.float64)
+        closed = one_hidden_layer_ntk(net[0].weight, net[0].bias, net[2].weight[0], sigma, derivative(sigma), x, xt)
+        assert rel_err(ntk(net, x, xt)[..., 0, 0], closed) < 1e-10
+
+
+def test_elephant_ntk_is_local():
+    """Theorem 1 in practice: far-apart inputs have a near-zero kernel with Elephant, not with ReLU."""
+    x = torch.linspace(0, 2, 101, dtype=torch.float64)[:, None]
+    xt = torch.tensor([[1.0]], dtype=torch.float64)
+    far = (x[:, 0] - 1.0).abs() > 0.5
+    out = {}
+    for act, kwargs in (("elephant", {"d": 8, "a": 0.08, "learnable": False}), ("relu", {})):
+        torch.manual_seed(0)
+        net = mlp(1, [1000], 1, act, kwargs, layer_norm=False, sigma_bias=1.28 if act == "elephant" else None,
+                  output_bias=False).double()
+        k = ntk(net, x, xt, output="trace")[:, 0]
+        out[act] = float(k[far].abs().mean() / k.abs().max())
+    assert out["elephant"] < 0.1 and out["relu"] > 0.4
+
+
+def test_bad_inputs():
+    model = build("mlp-relu")
+    x = inputs("mlp-relu", 3)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ntk(model, [[0.0] * 4])
+    with pytest.raises(ValueError, match="mismatched feature shapes"):
+        ntk(model, x, torch.zeros(2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="output must be one of"):
+        ntk(model, x, output="diag")
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        ntk(model, x, implementation="fast")
+    with pytest.raises(ValueError, match="unknown parameter names"):
+        ntk(model, x, params=["nope.weight"])
+    frozen = build("mlp-relu").requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        ntk(frozen, x)
+    with pytest.raises(ValueError, match="does not cover parameters"):
+        ntk(build("unknown-module"), inputs("unknown-module", 2), implementation="layerwise")
+    with pytest.raises(ValueError, match="first dimension"):
+        ntk(nn.Sequential(nn.Linear(4, 3), nn.Flatten(0)).double(), x)
+    bn = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).double().train()
+    with pytest.raises(ValueError, match="model.eval"):
+        ntk(bn, x)
+    with pytest.raises(MemoryError, match="GiB"):
+        ntk(model, x, max_memory=10)
+    with pytest.raises(ValueError, match="chunk_size"):
+        ntk(model, x, chunk_size=0)
+
+
+def test_float32_model_gives_float32_kernel():
+    torch.manual_seed(0)
+    net = mlp(4, [16], 2, "elephant")
+    k = ntk(net, torch.randn(3, 4))
+    assert k.dtype == torch.float32 and k.shape == (3, 3, 2, 2) and torch.isfinite(k).all()
+    assert not math.isnan(float(k.sum()))
