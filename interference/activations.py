@@ -26,65 +26,99 @@ __all__ = [
 ]
 
 
-def _odd_and_even_powers(u: Tensor, d: float) -> tuple[Tensor, Tensor]:
-    """Return ``(sign(u)|u|^(d-1), |u|^d)``; repeated squaring and multiplication for integer ``d``."""
-    if float(d).is_integer() and 1 <= d <= 64:
-        n = int(d) - 1  # u^(n) by binary exponentiation, then fix the sign for even d-1
-        result, base = None, u
-        while n:
-            if n & 1:
-                result = base if result is None else result * base
-            n >>= 1
-            if n:
-                base = base * base
-        if result is None:  # d == 1
-            odd = torch.sign(u)
-        elif int(d) % 2 == 1:  # d-1 even: u^(d-1) = |u|^(d-1); attach sign(u)
-            odd = result * torch.sign(u)
-        else:
-            odd = result
-        return odd, odd * u
-    au = u.abs()
-    even = au.pow(d)
-    return torch.sign(u) * au.pow(d - 1), even
+def _int_pow(u: Tensor, n: int, inplace: bool) -> Tensor:
+    """``u ** n`` for an integer ``n >= 1``: squaring, then multiplying by ``u``; a fresh tensor.
+
+    ``inplace=True`` reuses one buffer (allocation dominates these elementwise kernels on CPU); ``False`` keeps
+    every step differentiable (for double backward and nested ``torch.func`` transforms).
+    """
+    if n == 1:
+        return u.clone()
+    r, k = u * u, 2
+    while 2 * k <= n:
+        r = r.mul_(r) if inplace else r * r
+        k *= 2
+    for _ in range(n - k):
+        r = r.mul_(u) if inplace else r * u
+    return r
+
+
+def _is_small_int(d: float) -> bool:
+    return float(d).is_integer() and 1 <= d <= 64
+
+
+def _abs_pow(u: Tensor, d: float, inplace: bool) -> Tensor:
+    """``|u|^d`` as a fresh tensor; repeated squaring for integer ``d``, ``pow`` otherwise."""
+    if _is_small_int(d):
+        r = _int_pow(u, int(d), inplace)
+        return r if int(d) % 2 == 0 else r.abs()
+    return u.abs().pow(d)
+
+
+def _signed_pow(u: Tensor, d: float, inplace: bool) -> Tensor:
+    """``sign(u) |u|^(d-1)``, the factor in the derivative of ``|u|^d``, as a fresh tensor."""
+    if _is_small_int(d):
+        if d == 1:
+            return torch.sign(u)
+        r = _int_pow(u, int(d) - 1, inplace)
+        return r if int(d) % 2 == 0 else r * torch.sign(u)
+    return torch.sign(u) * u.abs().pow(d - 1)
 
 
 class _ElephantFunction(torch.autograd.Function):
     """y = h / (1 + |x/a|^d) with a hand-written backward (fused, no pow for integer d).
 
-    The backward recomputes from the saved inputs with differentiable ops, so double backward and
-    ``torch.func`` transforms (vmap, jacrev, grad) work.
+    ``forward`` also returns ``s = 1 / (1 + |x/a|^d)`` (non-differentiable), so the first-order backward is a few
+    in-place kernels: ``dy/dh = s``, ``dy/dx = -d y s sign(u)|u|^(d-1) / a`` and ``dy/da = -u dy/dx`` with
+    ``u = x / a``. When grad mode is on inside (``create_graph=True`` or nested ``torch.func`` transforms) every
+    step is out of place and ``y``, ``s`` are rebuilt from the saved inputs, so higher derivatives are exact.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: Tensor, h: Tensor, a: Tensor, d: float) -> Tensor:  # type: ignore[override]
-        _, p = _odd_and_even_powers(x / a, d)
-        return h / (1.0 + p)
+    def forward(x: Tensor, h: Tensor, a: Tensor, d: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        inplace = not torch.is_grad_enabled()
+        p = _abs_pow(x / a, d, inplace)
+        s = p.add_(1.0).reciprocal_() if inplace else 1.0 / (1.0 + p)
+        return s * h, s
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    def setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
         x, h, a, d = inputs
-        ctx.save_for_backward(x, h, a)
+        y, s = output
+        ctx.mark_non_differentiable(s)
+        ctx.save_for_backward(x, h, a, y, s)
         ctx.d = d
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        x, h, a = ctx.saved_tensors
+    def backward(ctx: Any, grad: Tensor, _grad_s: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, h, a, y, s = ctx.saved_tensors
         d = ctx.d
+        need_x, need_h, need_a = ctx.needs_input_grad[:3]
+        inplace = not torch.is_grad_enabled()
         u = x / a
-        q, p = _odd_and_even_powers(u, d)
-        s = 1.0 / (1.0 + p)
-        hs2 = h * s * s
-        gx = gh = ga = None
-        if ctx.needs_input_grad[0]:
-            gx = grad * (-d) * hs2 * q / a
-        if ctx.needs_input_grad[1]:
-            gh = _sum_to(grad * s, h.shape)
-        if ctx.needs_input_grad[2]:
-            ga = _sum_to(grad * d * hs2 * p / a, a.shape)
-        return gx, gh, ga, None
+        q = _signed_pow(u, d, inplace)
+        if inplace:  # grad may be batched (is_grads_batched): it enters out of place, then in place on fresh tensors
+            gs = grad * s
+            gx = (gs * q).mul_(y).mul_(-d / a)
+            ga = _contract_to(gx, u, a.shape).neg_() if need_a else None
+        else:
+            s = 1.0 / (1.0 + q * u)
+            gs = grad * s
+            gx = gs * (h * s) * q * (-d / a)
+            ga = _sum_to(-(gx * u), a.shape) if need_a else None
+        gh = _sum_to(gs, h.shape) if need_h else None
+        return (gx if need_x else None), gh, ga, None
+
+
+def _contract_to(t: Tensor, u: Tensor, shape: torch.Size) -> Tensor:
+    """``_sum_to(t * u, shape)`` without materialising ``t * u`` for per-unit and scalar parameters."""
+    if len(shape) <= 1 and shape.numel() == t.shape[-1]:
+        return torch.linalg.vecdot(t.reshape(-1, t.shape[-1]), u.reshape(-1, u.shape[-1]), dim=0).reshape(shape)
+    if shape.numel() == 1:
+        return torch.tensordot(t, u, dims=t.dim()).reshape(shape)
+    return _sum_to(t * u, shape)
 
 
 def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
@@ -101,7 +135,7 @@ def elephant(x: Tensor, h: Tensor | float = 1.0, a: Tensor | float = 1.0, d: flo
     """Elephant(x) = h / (1 + |x/a|^d), elementwise; ``h`` and ``a`` broadcast against ``x``."""
     h = torch.as_tensor(h, dtype=x.dtype, device=x.device)
     a = torch.as_tensor(a, dtype=x.dtype, device=x.device)
-    return _ElephantFunction.apply(x, h, a, float(d))
+    return _ElephantFunction.apply(x, h, a, float(d))[0]
 
 
 class Elephant(nn.Module):
@@ -157,7 +191,7 @@ class Elephant(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.num_units is not None and x.shape[-1] != self.num_units:
             raise ValueError(f"Elephant: expected last input dimension {self.num_units}, got shape {tuple(x.shape)}")
-        return _ElephantFunction.apply(x, self.h, self.a, self.d)
+        return _ElephantFunction.apply(x, self.h, self.a, self.d)[0]
 
     def extra_repr(self) -> str:
         return f"d={self.d:g}, num_units={self.num_units}, learnable={self.learnable}"

@@ -15,7 +15,7 @@ from torch import nn
 
 from .activations import make_activation, output_width
 
-__all__ = ["spread_bias_", "mlp", "hidden_layer", "count_parameters", "match_width"]
+__all__ = ["spread_bias_", "mlp", "hidden_layer", "nature_cnn", "count_parameters", "match_width"]
 
 
 def spread_bias_(bias: torch.Tensor, sigma_bias: float) -> torch.Tensor:
@@ -139,3 +139,27 @@ def match_width(
         mid = (lo + hi) // (2 * step) * step
         lo, hi = (mid, hi) if count(mid) < target else (lo, mid)
     return min((lo, hi), key=lambda w: (abs(count(w) - target), w))
+
+
+def nature_cnn(
+    in_channels: int = 4,
+    out_features: int = 18,
+    activation: str = "relu",
+    act_kwargs: Mapping[str, Any] | None = None,
+    *,
+    hidden: int = 512,
+    sigma_bias: float | None = None,
+) -> nn.Sequential:
+    """The Nature-DQN network ``(N, C, 84, 84) -> (N, out_features)``; only the penultimate layer takes ``activation``.
+
+    The convolutions keep ReLU, as in the paper's Atari set-up; the ``hidden``-unit layer follows
+    :func:`hidden_layer` (LayerNorm and spread biases for Elephant).
+    """
+    convs = nn.Sequential(
+        nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        nn.Flatten(),
+    )
+    block, width = hidden_layer(64 * 7 * 7, hidden, activation, act_kwargs, sigma_bias=sigma_bias)
+    return nn.Sequential(*convs, *block, nn.Linear(width, out_features))

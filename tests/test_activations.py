@@ -81,3 +81,12 @@ def test_registry_and_errors():
         make_activation("maxout", k=4)(torch.zeros(2, 10))
     with pytest.raises(ValueError, match="k must be a positive int"):
         make_activation("lwta", k=0)
+
+
+def test_elephant_second_derivatives_under_torch_func():
+    x = torch.linspace(-1, 1, 7, dtype=torch.float64)
+    h, a = torch.tensor(1.3, dtype=torch.float64), torch.tensor(0.4, dtype=torch.float64)
+    hessian = lambda f: torch.func.jacrev(torch.func.jacrev(f))
+    ours = hessian(lambda v: elephant(v, h, a, 4.0).sum())(x)
+    ref = hessian(lambda v: literal(v, h, a, 4.0).sum())(x)
+    assert torch.allclose(ours, ref, rtol=1e-10, atol=1e-12)
