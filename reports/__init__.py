@@ -1,0 +1,18 @@
+"""Reports: run logs (HDF5, see :mod:`probes.runlog`) in, figures and an ``index.html`` out.
+
+:mod:`reports.data` turns :class:`~probes.runlog.Run` objects into numpy arrays (no plotting);
+:mod:`reports.plots` draws them with matplotlib; :mod:`reports.html` writes the page;
+:func:`reports.build.build_report` does all of it, as does ``python -m reports RUN.h5 ... -o OUT/``.
+"""
+
+from .data import (
+    CurrentNTK, Curve, Record, Series, current_ntk, default_steps, final_return, gradcov_losses,
+    group_by_config, layer_names, learning_curve, nearest_record, ntk_kind, ntk_matrix, probe_inputs,
+    probe_series, select_records, training_length,
+)
+
+__all__ = [
+    "CurrentNTK", "Curve", "Record", "Series", "current_ntk", "default_steps", "final_return", "gradcov_losses",
+    "group_by_config", "layer_names", "learning_curve", "nearest_record", "ntk_kind", "ntk_matrix",
+    "probe_inputs", "probe_series", "select_records", "training_length",
+]

@@ -1,0 +1,256 @@
+"""Built-in probes: gradient covariance, NTK, sparsity/dormancy, and weights."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import interference
+from interference.activations import FTA, LWTA, Elephant, Maxout
+from interference.ntk import model_outputs
+from interference.sparsity import dormant_units, representation_sparsity, saturated_units
+
+from .probe import Probe, ProbeContext
+from .runlog import Field
+
+__all__ = ["GradCovProbe", "NTKProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "activation_modules"]
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy()
+
+
+class GradCovProbe(Probe):
+    """The paper's gradient covariance ``C_ij`` over ``k`` training samples, one ``(k, k)`` matrix per loss.
+
+    Also writes, per loss, the mean off-diagonal entry and the fraction of negative off-diagonal entries
+    (interference) for quick curves.
+    """
+
+    name = "gradcov"
+
+    def __init__(self, k: int = 32, every: int | None = 1000, at: Sequence[int] = ()) -> None:
+        super().__init__(every, at)
+        if not isinstance(k, int) or k < 2:
+            raise ValueError(f"gradcov: k must be an int >= 2, got {k!r}")
+        self.k = k
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "k": self.k}
+
+    def fields(self, ctx: ProbeContext) -> dict[str, Field]:
+        if not ctx.losses or ctx.sample is None:
+            raise ValueError("gradcov needs training losses and a sample source (ctx.losses, ctx.sample)")
+        out = {}
+        for loss in ctx.losses:
+            out[loss] = Field((self.k, self.k))
+            out[f"{loss}_offdiag_mean"] = Field(())
+            out[f"{loss}_negative_fraction"] = Field(())
+        return out
+
+    def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
+        batch = ctx.sample(self.k)
+        off = ~torch.eye(self.k, dtype=torch.bool)
+        out = {}
+        for name, loss in ctx.losses.items():
+            c = interference.gradient_covariance(ctx.model, loss, batch, params=ctx.loss_params.get(name))
+            out[name] = _np(c)
+            out[f"{name}_offdiag_mean"] = np.float32(c[off].mean().item())
+            out[f"{name}_negative_fraction"] = np.float32((c[off] < 0).double().mean().item())
+        return out
+
+
+class NTKProbe(Probe):
+    """The empirical NTK on the run's fixed probe inputs.
+
+    ``against="inputs"``: the ``(N, N)`` trace kernel (or ``(N, N, O, O)`` with ``output="full"``).
+    ``against="current"``: ``NTK(x, x_t)`` of every probe input against the sample being learned, ``(N,)``
+    (trace over outputs), with ``x_t``; ``normalized`` divides by ``max |NTK(x, x_t)|`` as in the paper's Fig. 2a.
+    """
+
+    name = "ntk"
+
+    def __init__(self, every: int | None = 1000, at: Sequence[int] = (), *,
+                 output: Literal["trace", "full"] = "trace", against: Literal["inputs", "current"] = "inputs",
+                 normalized: bool = False) -> None:
+        super().__init__(every, at)
+        if output not in ("trace", "full"):
+            raise ValueError(f"ntk: output must be 'trace' or 'full', got {output!r}")
+        if against not in ("inputs", "current"):
+            raise ValueError(f"ntk: against must be 'inputs' or 'current', got {against!r}")
+        self.output, self.against, self.normalized = output, against, normalized
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "output": self.output, "against": self.against, "normalized": self.normalized}
+
+    def _fn(self, ctx: ProbeContext):
+        if ctx.forward is None:
+            return ctx.model
+        return _Forward(ctx.model, ctx.forward)
+
+    def fields(self, ctx: ProbeContext) -> dict[str, Field]:
+        if ctx.inputs is None:
+            raise ValueError("ntk needs fixed probe inputs (ctx.inputs)")
+        n = ctx.inputs.shape[0]
+        if self.against == "current":
+            return {"kernel": Field((n,)), "x_t": Field(tuple(ctx.inputs.shape[1:]))}
+        with torch.no_grad():
+            o = model_outputs(self._fn(ctx), ctx.inputs[:1]).shape[1]
+        return {"kernel": Field((n, n) if self.output == "trace" else (n, n, o, o))}
+
+    def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
+        model = self._fn(ctx)
+        if self.against == "current":
+            if ctx.current is None:
+                raise ValueError("ntk(against='current') needs the current sample (ctx.current)")
+            k = interference.ntk(model, ctx.inputs, ctx.current, output="trace")[:, 0]
+            if self.normalized:
+                k = k / k.abs().max().clamp_min(torch.finfo(k.dtype).tiny)
+            return {"kernel": _np(k), "x_t": _np(ctx.current[0])}
+        return {"kernel": _np(interference.ntk(model, ctx.inputs, output=self.output))}
+
+
+class _Forward(nn.Module):
+    """``forward(model, x)`` as a module, so the NTK sees the right outputs (e.g. a policy's action logits)."""
+
+    def __init__(self, model: nn.Module, forward) -> None:
+        super().__init__()
+        self.model = model
+        self.fn = forward
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(self.model, x)
+
+
+_ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.LeakyReLU, nn.GELU, nn.SiLU, Elephant, Maxout, LWTA, FTA)
+
+
+def activation_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The hidden activation modules of ``model`` (the layers the sparsity probe measures), in forward order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, _ACTIVATIONS)]
+
+
+class SparsityProbe(Probe):
+    """Per hidden activation layer, on the fixed probe inputs:
+
+    * ``activation_sparsity``: fraction of outputs with ``|phi| <= eps``;
+    * ``gradient_sparsity``: fraction of activation derivatives with ``|phi'| <= eps`` (derivative of the layer's
+      summed output w.r.t. its input, which is the elementwise derivative for elementwise activations);
+    * ``dormant``: fraction of units with ``mean|phi| / layer mean <= tau`` (Sokar et al. 2023);
+    * ``saturated``: fraction of units whose ``|phi'| <= eps`` on every probe input: dead ReLUs, saturated
+      Tanh/Sigmoid, and Elephant units whose inputs all lie on its flat tails alike.
+
+    Each field is a vector with one entry per activation layer (names in the probe settings).
+    """
+
+    name = "sparsity"
+
+    def __init__(self, every: int | None = 1000, at: Sequence[int] = (), *, eps: float = 1e-3, tau: float = 0.0,
+                 layers: Sequence[str] | None = None) -> None:
+        super().__init__(every, at)
+        self.eps, self.tau = float(eps), float(tau)
+        self.layers = list(layers) if layers is not None else None
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "eps": self.eps, "tau": self.tau, "layers": self.layers}
+
+    def _run(self, ctx: ProbeContext, x: Tensor, mods: list[tuple[str, nn.Module]]) -> dict[str, Tensor]:
+        """Inputs of each module in ``mods`` when the probe forward runs on ``x``."""
+        captured: dict[str, Tensor] = {}
+
+        def hook(name):
+            return lambda mod, args, out: captured.__setitem__(name, args[0].detach())
+
+        handles = [m.register_forward_hook(hook(n)) for n, m in mods]
+        try:
+            with torch.no_grad():
+                (ctx.forward or (lambda m, v: m(v)))(ctx.model, x)
+        finally:
+            for h in handles:
+                h.remove()
+        return captured
+
+    def _modules(self, ctx: ProbeContext) -> list[tuple[str, nn.Module]]:
+        found = activation_modules(ctx.model)
+        if self.layers is None:  # the activation layers the probe forward reaches (e.g. a policy's actor path)
+            reached = self._run(ctx, ctx.inputs[:1], found)
+            self.layers = [n for n, _ in found if n in reached]
+        named = dict(found)
+        missing = [n for n in self.layers if n not in named]
+        if missing:
+            raise ValueError(f"sparsity: no activation layers named {missing}; found {list(named)}")
+        if not self.layers:
+            raise ValueError("sparsity: the model has no activation layers on its forward path")
+        return [(n, named[n]) for n in self.layers]
+
+    def fields(self, ctx: ProbeContext) -> dict[str, Field]:
+        if ctx.inputs is None:
+            raise ValueError("sparsity needs fixed probe inputs (ctx.inputs)")
+        n = len(self._modules(ctx))
+        return {k: Field((n,)) for k in ("activation_sparsity", "gradient_sparsity", "dormant", "saturated")}
+
+    def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
+        mods = self._modules(ctx)
+        captured = self._run(ctx, ctx.inputs, mods)
+        rows = {k: [] for k in ("activation_sparsity", "gradient_sparsity", "dormant", "saturated")}
+        for name, mod in mods:
+            z = captured[name].requires_grad_(True)
+            with torch.enable_grad():
+                phi = mod(z)
+                (dphi,) = torch.autograd.grad(phi.sum(), z)
+            phi = phi.detach()
+            rows["activation_sparsity"].append(representation_sparsity(phi, self.eps))
+            rows["gradient_sparsity"].append(representation_sparsity(dphi, self.eps))
+            rows["dormant"].append(float(dormant_units(phi, self.tau).double().mean()))
+            rows["saturated"].append(float(saturated_units(dphi, self.eps).double().mean()))
+        return {k: np.asarray(v, dtype=np.float32) for k, v in rows.items()}
+
+
+class WeightsProbe(Probe):
+    """Per parameter tensor: its norm and the norm of its current ``.grad`` (NaN before the first update);
+    per Elephant layer: the learned ``h`` and ``a`` as (mean, min, max)."""
+
+    name = "weights"
+
+    def fields(self, ctx: ProbeContext) -> dict[str, Field]:
+        self.names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
+        self.elephants = [n for n, m in ctx.model.named_modules() if isinstance(m, Elephant)]
+        out = {"param_norm": Field((len(self.names),)), "grad_norm": Field((len(self.names),))}
+        if self.elephants:
+            out["elephant_h"] = Field((len(self.elephants), 3))
+            out["elephant_a"] = Field((len(self.elephants), 3))
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "parameters": getattr(self, "names", None),
+                "elephant_layers": getattr(self, "elephants", None)}
+
+    def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
+        params = dict(ctx.model.named_parameters())
+        mods = dict(ctx.model.named_modules())
+        with torch.no_grad():
+            out = {
+                "param_norm": np.array([params[n].norm().item() for n in self.names], dtype=np.float32),
+                "grad_norm": np.array([params[n].grad.norm().item() if params[n].grad is not None else np.nan
+                                       for n in self.names], dtype=np.float32),
+            }
+            for key, attr in (("elephant_h", "h"), ("elephant_a", "a")):
+                if self.elephants:
+                    vals = [getattr(mods[n], attr) for n in self.elephants]
+                    out[key] = np.array([[v.mean().item(), v.min().item(), v.max().item()] for v in vals],
+                                        dtype=np.float32)
+        return out
+
+
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, SparsityProbe, WeightsProbe)}
+
+
+def make_probe(name: str, **kwargs: Any) -> Probe:
+    """Build a built-in probe by name (``gradcov``, ``ntk``, ``sparsity``, ``weights``)."""
+    if name not in PROBES:
+        raise ValueError(f"unknown probe {name!r}; choose from {', '.join(sorted(PROBES))}")
+    return PROBES[name](**kwargs)

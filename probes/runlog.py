@@ -1,0 +1,566 @@
+"""Crash-safe HDF5 run log: one file per training run, one writer, any number of readers.
+
+This module is the only place that knows the file layout::
+
+    /                       attrs: format='interference-runlog', format_version=1,
+                                   config (JSON), seed, provenance (JSON), device,
+                                   probe_settings (JSON), json_attrs (JSON list of the attrs
+                                   stored as JSON), resumes (JSON, after a resume), extra attrs
+    /probes/<probe>/step    int64, shape (n,)            training step of each record
+    /probes/<probe>/<field> field.dtype, shape (n, *field.shape)
+    /scalars/<name>/step    int64, shape (n,)
+    /scalars/<name>/value   float64, shape (n,)
+
+Crash safety and live reading rely on HDF5 SWMR (single writer, multiple readers):
+every dataset is created up front (SWMR forbids creating objects or attributes later),
+then the file is switched to SWMR mode and each record is written and flushed. The value
+datasets of a record are written and flushed before its ``step`` entry, and readers take
+``n = len(step)``, so a record is visible only once complete. A writer killed at any point
+(SIGKILL, OOM, preemption) leaves a file that `read_run` opens, holding every record but
+at most the one being written. Re-opening the same path with `RunLog` appends (after
+repairing a file left by a killed writer). POSIX only (uses ``flock``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .provenance import provenance
+
+FORMAT = "interference-runlog"
+FORMAT_VERSION = 1
+
+#: File format bounds: SWMR needs at least the HDF5 1.10 format; files stay readable by
+#: HDF5 >= 1.10 (h5py >= 2.7) as long as no newer feature is used.
+LIBVER = ("v110", "latest")
+
+_RESERVED_ATTRS = frozenset(
+    {"format", "format_version", "config", "seed", "provenance", "device", "probe_settings",
+     "json_attrs", "resumes"}
+)
+_CHUNK_BYTES = 64 * 1024
+_MAX_CHUNK_ROWS = 1024
+
+
+class RunLogError(ValueError):
+    """A file is not a readable run log, or does not match what the writer declares."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One dataset of a probe, holding one value per record.
+
+    shape: per-record shape, ``()`` for a scalar, e.g. ``(32, 32)`` for a matrix; every
+        dimension >= 1.
+    dtype: numpy dtype name of a bool or numeric type; normalised, e.g. ``"f4"`` -> ``"float32"``.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(d) for d in self.shape)
+        if any(d < 1 for d in shape):
+            raise ValueError(f"Field shape must have dimensions >= 1, got {self.shape}")
+        dtype = np.dtype(self.dtype)
+        if dtype.kind not in "biufc":
+            raise ValueError(f"Field dtype must be bool or numeric, got {self.dtype!r}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype.name)
+
+
+class RunLog:
+    """Single writer of a run log (layout in the module docstring).
+
+    Args:
+        path: the ``.h5`` file; missing parent directories are created.
+        config: run configuration, stored as JSON (numpy values become lists/numbers,
+            other non-JSON values their ``str``).
+        seed: random seed of the run.
+        probes: ``{probe: {field: Field}}``; each `append` to a probe gives every field.
+            The name ``step`` is reserved for the step dataset.
+        scalars: names of scalar series written with `scalar`.
+        device: device the run used, e.g. ``"cuda:0"``.
+        probe_settings: settings of the probes (intervals, batch sizes, ...), stored as JSON.
+        extra_attrs: further root attributes; str/bool/int/float/numpy values are stored as
+            is, anything else as JSON.
+        overwrite: replace an existing file instead of appending to it.
+
+    If `path` exists and `overwrite` is false, the run is resumed: the file must be a run
+    log whose probes declared here have exactly the same fields (shape and dtype); new
+    probes and scalars are added, probes and scalars only in the file stay writable. The
+    stored attributes are kept; the resume is recorded in the ``resumes`` attribute (a
+    list of ``{"time", "provenance", "changed"}``, ``changed`` holding the given
+    attributes that differ from the stored ones). A file left by a killed writer is first
+    repaired (copied without its partial record); it is refused while another process
+    (writer or reader) has it open.
+
+    Raises:
+        RunLogError: the existing file is not a run log, is corrupt, is in use, or its
+            schema conflicts with `probes`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        config: Mapping[str, Any],
+        seed: int,
+        probes: Mapping[str, Mapping[str, Field]],
+        scalars: Sequence[str] = (),
+        device: str = "cpu",
+        probe_settings: Mapping[str, Any] | None = None,
+        extra_attrs: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.path = os.fspath(path)
+        _check_schema(probes, scalars)
+        extra = dict(extra_attrs or {})
+        if reserved := sorted(_RESERVED_ATTRS.intersection(extra)):
+            raise ValueError(f"extra_attrs uses reserved attribute names {reserved}")
+        attrs = {
+            "config": dict(config),
+            "seed": int(seed),
+            "device": str(device),
+            "probe_settings": dict(probe_settings or {}),
+            **extra,
+        }
+        if os.path.exists(self.path) and not overwrite:
+            f = _open_for_append(self.path)
+        else:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                f = h5py.File(self.path, "w", libver=LIBVER)
+            except BlockingIOError as err:
+                raise RunLogError(f"{self.path}: in use by another process; cannot overwrite it: "
+                                  f"{err}") from err
+        try:
+            if "format" in f.attrs:
+                _record_resume(f, attrs)
+            else:
+                f.require_group("probes")
+                f.require_group("scalars")
+                _write_attrs(f, {"format": FORMAT, "format_version": FORMAT_VERSION,
+                                 "provenance": provenance(), **attrs})
+            _declare(f, self.path, probes, scalars)
+            self._fields = _file_schema(f, self.path)
+            self._counts = _trim_partial_records(f)
+            f.swmr_mode = True
+        except BaseException:
+            f.close()
+            raise
+        self._file = f
+        # HDF5 drops its own lock in SWMR mode; a shared lock tells a later RunLog on the
+        # same path that this writer is alive (readers take shared locks too).
+        self._lock_fd = os.open(self.path, os.O_RDONLY)
+        _try_flock(self._lock_fd, fcntl.LOCK_SH)
+
+    def append(self, probe: str, step: int, **values: Any) -> None:
+        """Write one record of `probe` at training `step`, then flush it to disk.
+
+        `values` gives every declared field, each array-like (numpy, torch tensors on any
+        device, Python numbers) of exactly the field's shape and castable to its dtype
+        (same kind, e.g. float64 -> float32).
+
+        Raises:
+            ValueError: unknown probe, missing/unexpected field, wrong shape or dtype.
+        """
+        fields = self._fields.get(probe)
+        if fields is None:
+            raise ValueError(f"unknown probe {probe!r}; declared probes: {sorted(self._fields)}")
+        if missing := sorted(set(fields) - set(values)):
+            raise ValueError(f"probe {probe!r}: missing fields {missing}")
+        if unexpected := sorted(set(values) - set(fields)):
+            raise ValueError(f"probe {probe!r}: unexpected fields {unexpected}; "
+                             f"declared fields: {sorted(fields)}")
+        arrays = {name: _as_field_array(probe, name, fields[name], v) for name, v in values.items()}
+        self._write_record(("probes", probe), _as_step(step), arrays)
+
+    def scalar(self, name: str, step: int, value: float) -> None:
+        """Write one value (float64) of scalar series `name` at training `step`, then flush."""
+        if ("scalars", name) not in self._counts:
+            scalars = sorted(k for kind, k in self._counts if kind == "scalars")
+            raise ValueError(f"unknown scalar {name!r}; declared scalars: {scalars}")
+        self._write_record(("scalars", name), _as_step(step), {"value": np.float64(value)})
+
+    def _write_record(self, key: tuple[str, str], step: np.int64, values: Mapping[str, Any]) -> None:
+        """Write row n (n = number of complete records) of the group ``/<kind>/<name>``:
+        the values first, then ``step``, which makes the record visible to readers. A partial
+        row left by a failed write is overwritten."""
+        group = self._file[key[0]][key[1]]
+        n = self._counts[key]
+        for name, value in values.items():
+            _write_row(group[name], n, value)
+        self._file.flush()
+        _write_row(group["step"], n, step)
+        self._file.flush()
+        self._counts[key] = n + 1
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._lock_fd is None:
+            return
+        self._file.close()
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@dataclass
+class Run:
+    """Content of one run log.
+
+    path: the file.
+    config, seed: as given to `RunLog`.
+    attrs: all root attributes, JSON ones decoded (``provenance``, ``probe_settings``, ...).
+    probes: ``{probe: {"step": int64 (n,), field: (n, *field.shape)}}``.
+    scalars: ``{name: (steps int64 (n,), values float64 (n,))}``.
+    """
+
+    path: str
+    config: dict
+    seed: int
+    attrs: dict
+    probes: dict[str, dict[str, np.ndarray]]
+    scalars: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def read_run(path: str | os.PathLike) -> Run:
+    """Read a run log, also while its writer is still appending (SWMR read).
+
+    Returns the complete records only: every field is truncated to ``len(step)``.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        RunLogError: not an HDF5 file, corrupt or truncated, or not a run log.
+    """
+    path = os.fspath(path)
+    with _open_read(path) as f:
+        try:
+            attrs = _decode_attrs(f.attrs)
+            probes = {}
+            for name, group in f["probes"].items():
+                probes[name] = _read_group(group, path)
+            scalars = {}
+            for name, group in f["scalars"].items():
+                columns = _read_group(group, path)
+                scalars[name] = (columns["step"], columns["value"])
+            return Run(path=path, config=attrs["config"], seed=attrs["seed"], attrs=attrs,
+                       probes=probes, scalars=scalars)
+        except (OSError, KeyError, json.JSONDecodeError) as err:
+            raise RunLogError(f"{path}: corrupt run log: {err!r}") from err
+
+
+def find_runs(path_or_dir: str | os.PathLike) -> list[str]:
+    """``[path]`` for a file, or all ``*.h5`` files under a directory (recursive, sorted)."""
+    path = Path(path_or_dir)
+    if path.is_dir():
+        return sorted(str(p) for p in path.rglob("*.h5") if p.is_file())
+    if not path.exists():
+        raise FileNotFoundError(f"no such file or directory: {path}")
+    return [str(path)]
+
+
+# --- file access --------------------------------------------------------------------
+
+
+def _open_read(path: str) -> h5py.File:
+    """Open a run log read-only in SWMR mode; RunLogError unless it is one."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such run log: {path}")
+    if not h5py.is_hdf5(path):
+        raise RunLogError(f"{path}: not an HDF5 file (no HDF5 signature)")
+    _check_not_truncated(path)
+    try:
+        f = h5py.File(path, "r", libver="latest", swmr=True)
+    except BlockingIOError as err:
+        raise RunLogError(f"{path}: locked by another process writing it outside SWMR mode "
+                          f"(e.g. a RunLog still creating it): {err}") from err
+    except OSError as err:
+        raise RunLogError(f"{path}: corrupt or truncated HDF5 file, cannot open it: {err}") from err
+    try:
+        _check_format(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _check_not_truncated(path: str) -> None:
+    """RunLogError if the file is shorter than the end-of-file address in its superblock.
+
+    HDF5 skips this check for SWMR readers (the file may grow) and then reads missing
+    bytes as zeros or retries for a long time, so it is done here. Only superblock
+    versions 2 and 3 at offset 0 (the ones `RunLog` writes) are checked; the layout is
+    signature (8 bytes), version, size of offsets O, size of lengths, flags, then the base,
+    superblock-extension and end-of-file addresses (O bytes each, little-endian).
+    """
+    with open(path, "rb") as f:
+        head = f.read(48)
+        size = os.fstat(f.fileno()).st_size
+    if head[:8] != b"\x89HDF\r\n\x1a\n" or len(head) < 12 or head[8] not in (2, 3):
+        return
+    offset_size = head[9]
+    stored_eof = int.from_bytes(head[12 + 2 * offset_size: 12 + 3 * offset_size], "little")
+    if size < stored_eof:
+        raise RunLogError(f"{path}: corrupt or truncated HDF5 file: it has {size} bytes, "
+                          f"its superblock says {stored_eof}")
+
+
+def _check_format(f: h5py.File, path: str) -> None:
+    fmt = f.attrs.get("format")
+    if fmt != FORMAT:
+        found = "missing" if fmt is None else f"{fmt!r}"
+        raise RunLogError(f"{path}: not an interference run log "
+                          f"(root attribute 'format' is {found}, expected {FORMAT!r})")
+    version = f.attrs.get("format_version")
+    if version != FORMAT_VERSION:
+        raise RunLogError(f"{path}: run log format_version {version} is not supported "
+                          f"(this code reads version {FORMAT_VERSION})")
+    if "probes" not in f or "scalars" not in f:
+        raise RunLogError(f"{path}: corrupt run log: missing /probes or /scalars group")
+
+
+def _open_for_append(path: str) -> h5py.File:
+    """Open an existing run log read-write, repairing it if its writer was killed."""
+    _open_read(path).close()
+    try:
+        return h5py.File(path, "r+", libver=LIBVER)
+    except BlockingIOError as err:  # HDF5 could not lock the file
+        raise RunLogError(f"{path}: in use by another process (a live writer or reader); "
+                          f"cannot append to it: {err}") from err
+    except OSError as err:
+        # HDF5 marks files open for writing in the superblock; a killed writer leaves the mark.
+        if "already open for write" not in str(err):
+            raise RunLogError(f"{path}: cannot open for appending: {err}") from err
+    _repair(path)
+    try:
+        return h5py.File(path, "r+", libver=LIBVER)
+    except OSError as err:
+        raise RunLogError(f"{path}: cannot open for appending after repair: {err}") from err
+
+
+def _repair(path: str) -> None:
+    """Replace the file of a dead writer by a clean copy (HDF5 keeps refusing write access
+    to it otherwise). Refused while any other process has the file open."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if not _try_flock(fd, fcntl.LOCK_EX):
+            raise RunLogError(f"{path}: in use by another process (a live writer or reader); "
+                              "cannot append to it")
+        tmp = f"{path}.repair.tmp"
+        try:
+            # locking=False: HDF5 would otherwise fail to take a shared lock next to ours.
+            with h5py.File(path, "r", libver="latest", swmr=True, locking=False) as src, \
+                    h5py.File(tmp, "w", libver=LIBVER) as dst:
+                dst.attrs.update(src.attrs)
+                for name in src:
+                    src.copy(src[name], dst, name)
+            os.replace(tmp, path)
+        except OSError as err:
+            raise RunLogError(f"{path}: cannot repair the file left by a killed writer: {err}") from err
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    finally:
+        os.close(fd)
+
+
+def _try_flock(fd: int, operation: int) -> bool:
+    """Non-blocking flock; False if another open file holds a conflicting lock, True if
+    locked or if the file system does not support locking."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+# --- schema -------------------------------------------------------------------------
+
+
+def _check_name(kind: str, name: object) -> None:
+    if not isinstance(name, str) or not name or "/" in name or name == ".":
+        raise ValueError(f"invalid {kind} name {name!r}: must be a non-empty string without '/'")
+
+
+def _check_schema(probes: Mapping[str, Mapping[str, Field]], scalars: Sequence[str]) -> None:
+    for probe, fields in probes.items():
+        _check_name("probe", probe)
+        if "step" in fields:
+            raise ValueError(f"probe {probe!r}: field name 'step' is reserved")
+        for name, field in fields.items():
+            _check_name("field", name)
+            if not isinstance(field, Field):
+                raise TypeError(f"probe {probe!r} field {name!r}: expected a Field, got {field!r}")
+    for name in scalars:
+        _check_name("scalar", name)
+
+
+def _create_column(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: str) -> None:
+    """Create an empty resizable dataset of records of `shape`, chunked to ~64 KiB."""
+    record_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    rows = min(_MAX_CHUNK_ROWS, max(1, _CHUNK_BYTES // record_bytes))
+    group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape),
+                         chunks=(rows, *shape), dtype=dtype)
+
+
+def _declare(f: h5py.File, path: str, probes: Mapping[str, Mapping[str, Field]],
+             scalars: Sequence[str]) -> None:
+    """Create the datasets of new probes and scalars; check declared probes already in the file."""
+    existing = _file_schema(f, path)
+    for probe, fields in probes.items():
+        if probe in existing:
+            if dict(fields) != existing[probe]:
+                raise RunLogError(f"{path}: probe {probe!r} is declared with fields "
+                                  f"{_describe(fields)} but the file has {_describe(existing[probe])}")
+            continue
+        group = f["probes"].create_group(probe)
+        _create_column(group, "step", (), "int64")
+        for name, field in fields.items():
+            _create_column(group, name, field.shape, field.dtype)
+    for name in scalars:
+        if name not in f["scalars"]:
+            group = f["scalars"].create_group(name)
+            _create_column(group, "step", (), "int64")
+            _create_column(group, "value", (), "float64")
+
+
+def _file_schema(f: h5py.File, path: str) -> dict[str, dict[str, Field]]:
+    """``{probe: {field: Field}}`` of the probes in the file."""
+    schema = {}
+    for probe, group in f["probes"].items():
+        if "step" not in group:
+            raise RunLogError(f"{path}: corrupt run log: probe {probe!r} has no step dataset")
+        schema[probe] = {name: Field(ds.shape[1:], ds.dtype.name)
+                         for name, ds in group.items() if name != "step"}
+    return schema
+
+
+def _describe(fields: Mapping[str, Field]) -> str:
+    return "{" + ", ".join(f"{k}: shape {v.shape} {v.dtype}" for k, v in sorted(fields.items())) + "}"
+
+
+def _trim_partial_records(f: h5py.File) -> dict[tuple[str, str], int]:
+    """Shrink every dataset to its group's ``len(step)``; return those record counts."""
+    counts = {}
+    for kind in ("probes", "scalars"):
+        for name, group in f[kind].items():
+            n = len(group["step"])
+            for dataset in group.values():
+                if len(dataset) > n:
+                    dataset.resize(n, axis=0)
+            counts[kind, name] = n
+    return counts
+
+
+def _read_group(group: h5py.Group, path: str) -> dict[str, np.ndarray]:
+    """All datasets of a probe/scalar group, truncated to the complete records."""
+    step = group["step"][()]
+    columns = {"step": step}
+    for name, dataset in group.items():
+        if name == "step":
+            continue
+        if len(dataset) < len(step):
+            raise RunLogError(f"{path}: corrupt run log: {dataset.name} has {len(dataset)} "
+                              f"records, step has {len(step)}")
+        columns[name] = dataset[: len(step)]
+    return columns
+
+
+# --- records ------------------------------------------------------------------------
+
+
+def _write_row(dataset: h5py.Dataset, row: int, value: Any) -> None:
+    dataset.resize(row + 1, axis=0)
+    dataset[row] = value
+
+
+def _as_step(step: int) -> np.int64:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"step must be an int, got {type(step).__name__}")
+    return np.int64(step)
+
+
+def _as_field_array(probe: str, name: str, field: Field, value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch.Tensor, possibly on an accelerator
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.shape != field.shape:
+        raise ValueError(f"probe {probe!r} field {name!r}: expected shape {field.shape}, "
+                         f"got {array.shape}")
+    if not np.can_cast(array.dtype, field.dtype, casting="same_kind"):
+        raise ValueError(f"probe {probe!r} field {name!r}: expected dtype {field.dtype}, "
+                         f"got {array.dtype} (not castable)")
+    return array.astype(field.dtype, copy=False)
+
+
+# --- attributes ---------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return str(value)
+
+
+def _to_json(value: Any) -> str:
+    return json.dumps(value, default=_json_default)
+
+
+def _write_attrs(f: h5py.File, values: Mapping[str, Any]) -> None:
+    """Set root attributes; values that HDF5 cannot store natively are stored as JSON and
+    listed in the ``json_attrs`` attribute."""
+    json_names = set(json.loads(f.attrs.get("json_attrs", "[]")))
+    for name, value in values.items():
+        if isinstance(value, (str, bool, int, float, np.generic, np.ndarray)):
+            f.attrs[name] = value
+            json_names.discard(name)
+        else:
+            f.attrs[name] = _to_json(value)
+            json_names.add(name)
+    f.attrs["json_attrs"] = _to_json(sorted(json_names))
+
+
+def _decode_attrs(attrs: h5py.AttributeManager) -> dict:
+    json_names = set(json.loads(attrs.get("json_attrs", "[]")))
+    decoded = {}
+    for name, value in attrs.items():
+        if name == "json_attrs":
+            continue
+        if name in json_names:
+            value = json.loads(value)
+        elif isinstance(value, np.generic):
+            value = value.item()
+        decoded[name] = value
+    return decoded
+
+
+def _record_resume(f: h5py.File, attrs: Mapping[str, Any]) -> None:
+    """Append ``{"time", "provenance", "changed"}`` to the ``resumes`` attribute."""
+    stored = _decode_attrs(f.attrs)
+    changed = {}
+    for name, value in attrs.items():
+        value = json.loads(_to_json(value))
+        if name not in stored or json.loads(_to_json(stored[name])) != value:
+            changed[name] = value
+    entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "provenance": provenance(), "changed": changed}
+    _write_attrs(f, {"resumes": [*stored.get("resumes", []), entry]})

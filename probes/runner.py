@@ -1,0 +1,90 @@
+"""The plain-loop adapter: a learner we write ourselves calls ``runner.on_step(ctx)`` after each update."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .probe import Probe, ProbeContext
+from .runlog import Field, RunLog
+
+__all__ = ["ProbeRunner", "frozen_noise", "INPUTS"]
+
+INPUTS = "inputs"  # the probe group holding the run's fixed probe inputs (one record)
+
+
+@contextlib.contextmanager
+def frozen_noise(model: nn.Module) -> Iterator[None]:
+    """Probe without touching training: torch RNG state restored afterwards, dropout off, noise held fixed.
+
+    Noisy layers keep their current noise sample (nothing resamples it during a probe); dropout modules are put in
+    eval mode so every forward pass of one probe sees the same (mask-free) function.
+    """
+    devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+    dropouts = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+    with torch.random.fork_rng(devices=devices):
+        for m in dropouts:
+            m.eval()
+        try:
+            yield
+        finally:
+            for m in dropouts:
+                m.train()
+
+
+class ProbeRunner:
+    """Owns a run's probes and its :class:`~probes.runlog.RunLog`.
+
+    Args:
+        probes: the probes to run.
+        path: the run's HDF5 file (appended to if it exists).
+        example: a context with the model, losses, sample source and probe inputs, used to declare fields.
+        config, seed, device, extra_attrs: stored in the run log's attributes.
+        scalars: names of scalar series the learner will log (episode returns, losses, ...).
+    """
+
+    def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, example: ProbeContext,
+                 config: Mapping[str, Any], seed: int, scalars: Sequence[str] = (), device: str = "cpu",
+                 extra_attrs: Mapping[str, Any] | None = None) -> None:
+        names = [p.name for p in probes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"probe names must be unique, got {names}")
+        self.probes = list(probes)
+        schema = {p.name: p.fields(example) for p in self.probes}
+        if example.inputs is not None:
+            schema[INPUTS] = {"x": Field(tuple(example.inputs.shape), "float32")}
+        self.log = RunLog(path, config=config, seed=seed, probes=schema, scalars=scalars, device=device,
+                          probe_settings={p.name: p.settings() for p in self.probes}, extra_attrs=extra_attrs)
+        self._inputs_logged = False
+
+    def due(self, step: int) -> bool:
+        return any(p.due(step) for p in self.probes)
+
+    def on_step(self, ctx: ProbeContext) -> None:
+        """Run every probe due at ``ctx.step`` (cheap when none is)."""
+        if not self.due(ctx.step):
+            return
+        if ctx.inputs is not None and not self._inputs_logged:
+            self.log.append(INPUTS, ctx.step, x=ctx.inputs.detach().to("cpu", torch.float32).numpy())
+            self._inputs_logged = True
+        with frozen_noise(ctx.model):
+            for p in self.probes:
+                p.on_step(ctx, self.log)
+
+    def scalar(self, name: str, step: int, value: float) -> None:
+        self.log.scalar(name, step, float(np.asarray(value)))
+
+    def close(self) -> None:
+        self.log.close()
+
+    def __enter__(self) -> ProbeRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,232 @@
+"""Stable-Baselines3 adapter: a ``BaseCallback`` that probes DQN, PPO and SAC while they train.
+
+The callback reads the algorithm's own objects (Q-network, policy, replay or rollout buffer) and builds, per
+algorithm, the per-sample training losses the gradient-covariance probe needs:
+
+* DQN: the TD loss on replay samples against the target network (``mse`` if the algorithm has
+  ``td_loss == "mse"``, else SB3's Huber loss), over the Q-network;
+* PPO: the clipped surrogate (``actor``) and the value loss (``critic``) on the last rollout, over the policy;
+* SAC: the actor loss over the actor's parameters and the twin-critic loss over the critics', on replay samples.
+
+Probe samples come from the callback's own RNG; torch and numpy global RNG states are restored after each probe,
+so training is bit-identical with and without probes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .probe import Probe, ProbeContext
+from .runner import ProbeRunner
+
+__all__ = ["ProbeCallback", "probe_context"]
+
+SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
+
+
+def _replay_sampler(algo: BaseAlgorithm, rng: np.random.Generator) -> Callable[[int], Any]:
+    buf = algo.replay_buffer
+
+    def sample(k: int):
+        upper = buf.buffer_size if buf.full else buf.pos
+        if upper == 0:
+            raise RuntimeError("the replay buffer is empty; probe after learning_starts")
+        return buf._get_samples(rng.integers(0, upper, size=k), env=algo._vec_normalize_env)
+
+    return sample
+
+
+def _dqn_context(algo: DQN, rng: np.random.Generator) -> dict[str, Any]:
+    huber = getattr(algo, "td_loss", "huber") != "mse"
+    raw = _replay_sampler(algo, rng)
+
+    def sample(k: int) -> tuple[Tensor, Tensor, Tensor]:
+        data = raw(k)
+        discounts = data.discounts if data.discounts is not None else algo.gamma
+        with torch.no_grad():
+            next_q = algo.q_net_target(data.next_observations).max(dim=1).values
+            target = data.rewards.flatten() + (1 - data.dones.flatten()) * torch.as_tensor(discounts).flatten() * next_q
+        return data.observations, data.actions.long().flatten(), target
+
+    def td(q_net: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        obs, actions, target = batch
+        q = q_net(obs).gather(1, actions[:, None]).squeeze(1)
+        return F.smooth_l1_loss(q, target, reduction="none") if huber else (q - target) ** 2
+
+    return {"model": algo.q_net, "losses": {"td": td}, "sample": sample}
+
+
+def _ppo_context(algo: PPO, rng: np.random.Generator) -> dict[str, Any]:
+    buf = algo.rollout_buffer
+    discrete = isinstance(algo.action_space, spaces.Discrete)
+
+    def sample(k: int):
+        n = buf.buffer_size * buf.n_envs
+        data = buf._get_samples(rng.integers(0, n, size=k))
+        adv = data.advantages
+        if algo.normalize_advantage and k > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        actions = data.actions.long().flatten() if discrete else data.actions
+        return data.observations, actions, data.old_log_prob, adv, data.returns
+
+    def actor(policy: nn.Module, batch) -> Tensor:
+        obs, actions, old_log_prob, adv, _ = batch
+        _, log_prob, _ = policy.evaluate_actions(obs, actions)
+        ratio = torch.exp(log_prob - old_log_prob)
+        clip = algo.clip_range(algo._current_progress_remaining)
+        return -torch.min(adv * ratio, adv * torch.clamp(ratio, 1 - clip, 1 + clip))
+
+    def critic(policy: nn.Module, batch) -> Tensor:
+        obs, actions, _, _, returns = batch
+        values, _, _ = policy.evaluate_actions(obs, actions)
+        return (returns - values.flatten()) ** 2
+
+    def forward(policy: nn.Module, obs: Tensor) -> Tensor:
+        return policy.action_net(policy.mlp_extractor.forward_actor(policy.extract_features(obs, policy.pi_features_extractor)))
+
+    return {"model": algo.policy, "losses": {"actor": actor, "critic": critic}, "sample": sample, "forward": forward}
+
+
+def _sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
+    raw = _replay_sampler(algo, rng)
+    policy = algo.policy
+
+    def ent_coef() -> Tensor:
+        return torch.exp(algo.log_ent_coef.detach()) if algo.ent_coef_optimizer is not None else algo.ent_coef_tensor
+
+    def sample(k: int):
+        data = raw(k)
+        discounts = data.discounts if data.discounts is not None else algo.gamma
+        with torch.no_grad():
+            next_actions, next_log_prob = policy.actor.action_log_prob(data.next_observations)
+            next_q = torch.cat(policy.critic_target(data.next_observations, next_actions), dim=1).min(dim=1).values
+            next_q = next_q - ent_coef() * next_log_prob
+            target = data.rewards.flatten() + (1 - data.dones.flatten()) * torch.as_tensor(discounts).flatten() * next_q
+        return data.observations, data.actions, target
+
+    def critic(pol: nn.Module, batch) -> Tensor:
+        obs, actions, target = batch
+        return 0.5 * sum((q.flatten() - target) ** 2 for q in pol.critic(obs, actions))
+
+    def actor(pol: nn.Module, batch) -> Tensor:
+        obs = batch[0]
+        actions, log_prob = pol.actor.action_log_prob(obs)
+        q = torch.cat(pol.critic(obs, actions), dim=1).min(dim=1).values
+        return ent_coef() * log_prob - q
+
+    names = [n for n, p in policy.named_parameters() if p.requires_grad]
+    return {
+        "model": policy,
+        "losses": {"actor": actor, "critic": critic},
+        "loss_params": {"actor": [n for n in names if n.startswith("actor.")],
+                        "critic": [n for n in names if n.startswith("critic.")]},
+        "sample": sample,
+        "forward": lambda pol, obs: pol.actor.get_action_dist_params(obs)[0],
+    }
+
+
+def probe_context(algo: BaseAlgorithm, rng: np.random.Generator, inputs: Tensor | None, step: int) -> ProbeContext:
+    """The probe context of a DQN, PPO or SAC instance (subclasses included)."""
+    for cls, build in ((DQN, _dqn_context), (PPO, _ppo_context), (SAC, _sac_context)):
+        if isinstance(algo, cls):
+            return ProbeContext(step=step, inputs=inputs, **build(algo, rng))
+    raise TypeError(f"no probe adapter for {type(algo).__name__}; supported: DQN, PPO, SAC and their subclasses")
+
+
+class ProbeCallback(BaseCallback):
+    """Run probes during ``model.learn(...)`` and log them, with episode returns and losses, to one HDF5 file.
+
+    Args:
+        probes: probes to run (their cadence is in env steps, ``num_timesteps``).
+        path: the run's HDF5 file.
+        config, seed: stored in the file's attributes.
+        n_inputs: number of fixed probe inputs for the NTK and sparsity probes, drawn once from the first
+            observations the agent stored (replay buffer or rollout).
+    """
+
+    def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],
+                 seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.probes = list(probes)
+        self.path = os.fspath(path)
+        self.config, self.seed, self.n_inputs = dict(config), int(seed), int(n_inputs)
+        self.extra_attrs = dict(extra_attrs or {})
+        self.rng = np.random.default_rng([self.seed, 0x9E3779B9])
+        self.runner: ProbeRunner | None = None
+        self.inputs: Tensor | None = None
+        self._episode_infos_seen = 0
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    def _on_training_start(self) -> None:
+        space = self.model.observation_space
+        example_inputs = torch.as_tensor(np.stack([space.sample() for _ in range(self.n_inputs)]),
+                                         device=self.model.device)
+        example = probe_context(self.model, self.rng, example_inputs, step=0)
+        self.runner = ProbeRunner(self.probes, self.path, example=example, config=self.config, seed=self.seed,
+                                  scalars=SCALARS, device=str(self.model.device), extra_attrs=self.extra_attrs)
+
+    def _observations(self) -> Tensor | None:
+        """``n_inputs`` observations from what the agent has stored so far (None until there are enough)."""
+        if isinstance(self.model, PPO):
+            buf = self.model.rollout_buffer
+            obs = buf.observations.reshape(-1, *buf.obs_shape)
+            stored = buf.buffer_size * buf.n_envs if buf.full else buf.pos * buf.n_envs
+        else:
+            buf = self.model.replay_buffer
+            obs = buf.observations.reshape(-1, *buf.obs_shape)
+            stored = (buf.buffer_size if buf.full else buf.pos) * buf.n_envs
+        if stored < self.n_inputs:
+            return None
+        idx = np.sort(self.rng.choice(stored, size=self.n_inputs, replace=False))
+        return torch.as_tensor(obs[idx], device=self.model.device)
+
+    # -- per step ----------------------------------------------------------------------------------------
+    def _on_step(self) -> bool:
+        step = self.num_timesteps
+        for info in self.locals.get("infos", ()):
+            episode = info.get("episode")
+            if episode is not None:
+                self.runner.scalar("episode_return", step, episode["r"])
+                self.runner.scalar("episode_length", step, episode["l"])
+        if not isinstance(self.model, PPO):
+            self._probe(step)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if isinstance(self.model, PPO):
+            self._probe(self.num_timesteps)
+
+    def _probe(self, step: int) -> None:
+        if not self.runner.due(step):
+            return
+        state = np.random.get_state()  # SB3's buffers draw env indices from numpy's global RNG
+        try:
+            if self.inputs is None:
+                self.inputs = self._observations()
+                if self.inputs is None:
+                    return
+            ctx = probe_context(self.model, self.rng, self.inputs, step)
+            self.runner.on_step(ctx)
+        finally:
+            np.random.set_state(state)
+        values = self.model.logger.name_to_value
+        for key, name in (("train/loss", "loss"), ("train/actor_loss", "actor_loss"),
+                          ("train/critic_loss", "critic_loss"), ("train/learning_rate", "learning_rate")):
+            if key in values:
+                self.runner.scalar(name, step, values[key])
+
+    def _on_training_end(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None

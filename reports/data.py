@@ -1,0 +1,307 @@
+"""Arrays out of run logs: grouping, learning curves, probe series, record selection.
+
+Pure numpy on :class:`probes.runlog.Run` objects, no plotting, so the arrays can go to pandas, rliable, ...
+Steps are the learner's step counter (env steps for RL, samples seen for streaming learners). Functions whose
+data may be missing from a run log return ``None`` (or leave it out) instead of raising.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from probes.runlog import Run
+
+__all__ = [
+    "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "group_by_config", "learning_curve",
+    "final_return", "probe_series", "layer_names", "training_length", "default_steps", "nearest_record",
+    "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix", "probe_inputs", "SPARSITY_FIELDS",
+]
+
+SPARSITY_FIELDS = ("activation_sparsity", "gradient_sparsity", "dormant", "saturated")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A scalar series of several runs on a common step grid.
+
+    steps: ``(G,)`` grid, evenly spaced from the first to the last recorded step of any run.
+    values: ``(R, G)`` each run's series interpolated onto the grid, NaN outside the run's recorded range.
+    """
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    @property
+    def n(self) -> np.ndarray:
+        """``(G,)`` number of runs with a value at each grid step."""
+        return np.sum(~np.isnan(self.values), axis=0)
+
+    @property
+    def mean(self) -> np.ndarray:
+        """``(G,)`` mean over runs (NaN where no run has a value)."""
+        return _nanmean(self.values)
+
+    @property
+    def sem(self) -> np.ndarray:
+        """``(G,)`` standard error of the mean over runs, ``std(ddof=1) / sqrt(n)``; NaN where ``n < 2``."""
+        return _nansem(self.values)
+
+
+@dataclass(frozen=True)
+class Series:
+    """A probe field over time, at the steps that every run recorded.
+
+    steps: ``(T,)``; values: ``(R, T, *field_shape)``.
+    """
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    @property
+    def mean(self) -> np.ndarray:
+        """``(T, *field_shape)`` mean over runs."""
+        return _nanmean(self.values)
+
+    @property
+    def sem(self) -> np.ndarray:
+        """``(T, *field_shape)`` standard error over runs; NaN with fewer than 2 runs."""
+        return _nansem(self.values)
+
+
+@dataclass(frozen=True)
+class CurrentNTK:
+    """One record of the NTK against the sample being learned (streaming learners).
+
+    kernel: ``(N,)`` ``NTK(x_i, x_t)`` over the probe inputs; x_t: ``(*feature_shape)`` the sample being learned;
+    inputs: ``(N, *feature_shape)`` the probe inputs ``x_i``, or None if the run did not log them.
+    """
+
+    step: int
+    seed: int
+    kernel: np.ndarray
+    x_t: np.ndarray | None
+    inputs: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a probe field: ``value`` at ``step``, the record nearest to the requested ``target``."""
+
+    step: int
+    target: int
+    seed: int
+    value: np.ndarray
+
+
+def _nanmean(values: np.ndarray) -> np.ndarray:
+    n = np.sum(~np.isnan(values), axis=0)
+    total = np.nansum(values, axis=0)
+    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
+def _nansem(values: np.ndarray) -> np.ndarray:
+    n = np.sum(~np.isnan(values), axis=0)
+    dev = np.nansum((values - _nanmean(values)) ** 2, axis=0)
+    std = np.sqrt(dev / np.maximum(n - 1, 1))
+    return np.where(n > 1, std / np.sqrt(np.maximum(n, 1)), np.nan)
+
+
+# --- grouping -----------------------------------------------------------------------
+
+
+def _format_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def group_by_config(runs: Iterable[Run], ignore: Sequence[str] = ("seed",)) -> dict[str, list[Run]]:
+    """Group runs whose configs are equal except for the keys in `ignore`.
+
+    Labels list the config keys whose values differ between groups, e.g. ``"act=elephant lr=0.001"`` (a key a
+    config lacks shows as ``key=(unset)``); a single group is labelled by its ``algo``, ``env`` and ``act``.
+    Groups keep the order of their first run; runs within a group are sorted by seed.
+    """
+    groups: dict[str, list[Run]] = {}
+    configs: dict[str, dict] = {}
+    for run in runs:
+        config = {k: v for k, v in run.config.items() if k not in ignore}
+        key = json.dumps(config, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(run)
+        configs.setdefault(key, config)
+    keys = list(dict.fromkeys(k for c in configs.values() for k in c))
+    differing = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str)
+                                         for c in configs.values()}) > 1]
+    if not differing:
+        differing = [k for k in ("algo", "env", "act") if k in keys]
+    labels: dict[str, str] = {}
+    for key, config in configs.items():
+        parts = [f"{k}={_format_value(config[k]) if k in config else '(unset)'}" for k in differing]
+        label = " ".join(parts) or "all runs"
+        n = sum(1 for other in labels.values() if other == label or other.startswith(f"{label} #"))
+        labels[key] = f"{label} #{n + 1}" if n else label  # e.g. "1" and 1 print alike
+    return {labels[key]: sorted(group, key=lambda r: r.seed) for key, group in groups.items()}
+
+
+# --- learning curves ----------------------------------------------------------------
+
+
+def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean of each value and the ``window - 1`` values before it (fewer at the start)."""
+    cum = np.concatenate([[0.0], np.cumsum(values)])
+    idx = np.arange(1, len(values) + 1)
+    start = np.maximum(idx - window, 0)
+    return (cum[idx] - cum[start]) / (idx - start)
+
+
+def learning_curve(runs: Sequence[Run], scalar: str = "episode_return", num: int = 200,
+                   window: int = 1) -> Curve | None:
+    """Scalar `scalar` of each run, interpolated linearly onto a common grid of `num` steps.
+
+    `window` > 1 first replaces each value by the mean of the last `window` values (e.g. episodes). Returns
+    None if no run has a record of `scalar`.
+    """
+    if num < 1 or window < 1:
+        raise ValueError(f"num and window must be >= 1, got num={num}, window={window}")
+    series = [run.scalars[scalar] for run in runs if scalar in run.scalars and len(run.scalars[scalar][0])]
+    if not series:
+        return None
+    lo = min(float(s[0].min()) for s in series)
+    hi = max(float(s[0].max()) for s in series)
+    grid = np.linspace(lo, hi, num) if hi > lo else np.array([lo])
+    rows = []
+    for steps, values in series:
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order].astype(float), _trailing_mean(values[order], window)
+        row = np.interp(grid, steps, values)
+        row[(grid < steps[0]) | (grid > steps[-1])] = np.nan
+        rows.append(row)
+    return Curve(steps=grid, values=np.stack(rows))
+
+
+def final_return(run: Run, fraction: float = 0.1, scalar: str = "episode_return") -> float:
+    """Mean of `scalar` over the last `fraction` of its records (at least one), e.g. of episode returns.
+
+    With ``n`` episodes that is the last ``ceil(fraction * n)``. Raises ValueError if the run has none.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    steps, values = run.scalars.get(scalar, (np.empty(0), np.empty(0)))
+    if len(values) == 0:
+        raise ValueError(f"{run.path}: no {scalar!r} records")
+    values = values[np.argsort(steps, kind="stable")]
+    k = max(1, math.ceil(round(fraction * len(values), 9)))
+    return float(np.mean(values[-k:]))
+
+
+# --- probe series -------------------------------------------------------------------
+
+
+def _field(run: Run, probe: str, field: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps (n,), values (n, ...)) of a probe field, None if absent or empty."""
+    columns = run.probes.get(probe, {})
+    if field not in columns or len(columns["step"]) == 0:
+        return None
+    return columns["step"], columns[field]
+
+
+def probe_series(runs: Sequence[Run], probe: str, field: str) -> Series | None:
+    """Field `field` of `probe` in every run, at the steps all runs recorded (None if there are none)."""
+    fields = [_field(run, probe, field) for run in runs]
+    if not fields or any(f is None for f in fields):
+        return None
+    shared = fields[0][0]
+    for steps, _ in fields[1:]:
+        shared = np.intersect1d(shared, steps)
+    if len(shared) == 0:
+        return None
+    values = []
+    for steps, vals in fields:
+        order = np.argsort(steps, kind="stable")
+        values.append(vals[order][np.searchsorted(steps[order], shared)])
+    return Series(steps=np.asarray(shared), values=np.stack(values).astype(float))
+
+
+def layer_names(run: Run, probe: str, key: str, n: int) -> list[str]:
+    """The `n` layer names stored in ``probe_settings[probe][key]`` (e.g. sparsity ``layers``, weights
+    ``elephant_layers``), or ``layer 0 .. n-1`` if they are missing or do not match."""
+    names = run.attrs.get("probe_settings", {}).get(probe, {}).get(key)
+    if isinstance(names, list) and len(names) == n:
+        return [str(name) for name in names]
+    return [f"layer {i}" for i in range(n)]
+
+
+# --- record selection ---------------------------------------------------------------
+
+
+def training_length(run: Run) -> int:
+    """The last step of any record in the run (0 if it has none)."""
+    last = [int(c["step"].max()) for c in run.probes.values() if len(c["step"])]
+    last += [int(steps.max()) for steps, _ in run.scalars.values() if len(steps)]
+    return max(last, default=0)
+
+
+def default_steps(run: Run) -> list[int]:
+    """The midpoint and end of training, ``[T // 2, T]`` with ``T`` = `training_length`."""
+    end = training_length(run)
+    return [end // 2, end]
+
+
+def nearest_record(run: Run, probe: str, field: str, step: int) -> Record | None:
+    """The record of `field` nearest to `step` (the earlier one on a tie); None if there is none."""
+    found = _field(run, probe, field)
+    if found is None:
+        return None
+    steps, values = found
+    i = int(np.argmin(np.abs(steps.astype(np.int64) - int(step))))
+    return Record(step=int(steps[i]), target=int(step), seed=run.seed, value=np.asarray(values[i]))
+
+
+def select_records(run: Run, probe: str, field: str, steps: Sequence[int] | None = None) -> list[Record]:
+    """Nearest records to each of `steps` (default: the midpoint and end of training); empty if none."""
+    targets = default_steps(run) if steps is None else steps
+    records = [nearest_record(run, probe, field, s) for s in targets]
+    return [r for r in records if r is not None]
+
+
+# --- what a run holds ---------------------------------------------------------------
+
+
+def gradcov_losses(run: Run) -> list[str]:
+    """Loss names of the gradient-covariance matrices in the run (fields holding ``(k, k)`` records)."""
+    columns = run.probes.get("gradcov", {})
+    return [name for name, values in columns.items() if name != "step" and values.ndim == 3]
+
+
+def ntk_kind(run: Run) -> str | None:
+    """``"matrix"`` (``(N, N)`` or ``(N, N, O, O)`` kernel), ``"current"`` (``(N,)`` kernel against the sample
+    being learned), or None if the run has no NTK records."""
+    if _field(run, "ntk", "kernel") is None:
+        return None
+    return "current" if run.probes["ntk"]["kernel"].ndim == 2 else "matrix"
+
+
+def current_ntk(run: Run, steps: Sequence[int] | None = None) -> list[CurrentNTK]:
+    """The against-current NTK records nearest to `steps` (default: midpoint and end of training)."""
+    inputs = probe_inputs(run)
+    out = []
+    for kernel in select_records(run, "ntk", "kernel", steps):
+        x_t = nearest_record(run, "ntk", "x_t", kernel.step)
+        out.append(CurrentNTK(step=kernel.step, seed=run.seed, kernel=kernel.value,
+                              x_t=None if x_t is None else x_t.value, inputs=inputs))
+    return out
+
+
+def probe_inputs(run: Run) -> np.ndarray | None:
+    """The run's fixed probe inputs ``(N, *obs_shape)``, or None."""
+    found = _field(run, "inputs", "x")
+    return None if found is None else np.asarray(found[1][0])
+
+
+def ntk_matrix(kernel: np.ndarray) -> np.ndarray:
+    """An ``(N, N)`` kernel as is; an ``(N, N, O, O)`` one traced over its outputs."""
+    return np.trace(kernel, axis1=2, axis2=3) if kernel.ndim == 4 else kernel

@@ -1,0 +1,176 @@
+"""Matplotlib figures of the arrays in :mod:`reports.data`.
+
+Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global state, rendered by
+the Agg canvas); `save` writes it as a PNG. Mappings are ``{group label: data}``, plotted in their order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .data import CurrentNTK, Curve, Record, Series, ntk_matrix
+
+__all__ = ["GRADCOV_CMAP", "GRADCOV_CLIM", "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
+           "ntk_vectors", "layer_series", "elephant_params"]
+
+GRADCOV_CMAP = "RdBu_r"
+GRADCOV_CLIM = (-1.0, 1.0)  # gradient covariance entries are cosines; fixed so panels compare
+_PANEL_IN = 3.2  # inches per heatmap panel
+_LINE_W_IN, _LINE_H_IN = 5.0, 3.4  # inches per line-plot panel
+
+
+def save(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Write `fig` as a PNG at `path` and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=dpi)
+    return path
+
+
+def _colors(labels: Sequence[str], colors: Mapping[str, str] | None) -> dict[str, str]:
+    return {label: (colors or {}).get(label, f"C{i % 10}") for i, label in enumerate(labels)}
+
+
+def mean_curves(panels: Mapping[str, Mapping[str, Curve | Series]], title: str = "",
+                colors: Mapping[str, str] | None = None) -> Figure:
+    """One subplot per panel ``{ylabel: {label: curve}}``: each curve's mean over runs as a line, shaded
+    ± one standard error where at least two runs contribute. Curves must hold scalar values."""
+    fig = Figure(figsize=(_LINE_W_IN * len(panels), _LINE_H_IN), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (ylabel, curves) in zip(axes, panels.items()):
+        palette = _colors(list(curves), colors)
+        for label, curve in curves.items():
+            mean, sem = curve.mean, curve.sem
+            ax.plot(curve.steps, mean, color=palette[label], label=f"{label} (n={len(curve.values)})")
+            if np.any(np.isfinite(sem)):
+                ax.fill_between(curve.steps, mean - sem, mean + sem, color=palette[label], alpha=0.25, lw=0)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _grid(n_rows: int, n_cols: int) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(_PANEL_IN * n_cols + 1.0, _PANEL_IN * n_rows), layout="constrained")
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    for ax in axes.ravel():
+        ax.set_axis_off()
+    return fig, axes
+
+
+def gradcov_heatmaps(panels: Mapping[str, Sequence[Record]], loss: str) -> Figure:
+    """Gradient covariance matrices ``(k, k)``: one row per group, one panel per record (e.g. the midpoint
+    and end of training), colormap `GRADCOV_CMAP` with limits fixed to `GRADCOV_CLIM`, one shared colorbar."""
+    n_cols = max((len(records) for records in panels.values()), default=0)
+    if n_cols == 0:
+        raise ValueError("gradcov_heatmaps: no records to plot")
+    fig, axes = _grid(len(panels), n_cols)
+    image = None
+    for row, (label, records) in zip(axes, panels.items()):
+        for ax, record in zip(row, records):
+            ax.set_axis_on()
+            image = ax.imshow(record.value, cmap=GRADCOV_CMAP, vmin=GRADCOV_CLIM[0], vmax=GRADCOV_CLIM[1],
+                              interpolation="nearest")
+            ax.set_title(f"{label}\nstep {record.step} (seed {record.seed})", fontsize=8)
+            ax.set_xlabel("sample j", fontsize=8)
+            ax.set_ylabel("sample i", fontsize=8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=r"$C_{ij}$")
+    fig.suptitle(f"Gradient covariance ({loss} loss)")
+    return fig
+
+
+def ntk_matrices(panels: Mapping[str, Sequence[Record]]) -> Figure:
+    """Empirical NTK on the probe inputs, ``(N, N)`` (``(N, N, O, O)`` kernels traced over outputs): one row
+    per group, one panel per record, each with symmetric color limits ``± max |K|`` and its own colorbar."""
+    n_cols = max((len(records) for records in panels.values()), default=0)
+    if n_cols == 0:
+        raise ValueError("ntk_matrices: no records to plot")
+    fig, axes = _grid(len(panels), n_cols)
+    for row, (label, records) in zip(axes, panels.items()):
+        for ax, record in zip(row, records):
+            kernel = ntk_matrix(record.value)
+            limit = float(np.nanmax(np.abs(kernel))) or 1.0
+            ax.set_axis_on()
+            image = ax.imshow(kernel, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
+            fig.colorbar(image, ax=ax, shrink=0.8)
+            ax.set_title(f"{label}\nstep {record.step} (seed {record.seed})", fontsize=8)
+            ax.set_xlabel("input j", fontsize=8)
+            ax.set_ylabel("input i", fontsize=8)
+    fig.suptitle("Empirical NTK on the probe inputs")
+    return fig
+
+
+def ntk_vectors(panels: Mapping[str, Sequence[CurrentNTK]]) -> Figure:
+    """``NTK(x, x_t)`` against the sample being learned: one subplot per group, one line per record. With
+    one-feature inputs the x axis is the input value and ``x_t`` a dashed line; otherwise the input index."""
+    fig = Figure(figsize=(_LINE_W_IN * len(panels), _LINE_H_IN), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (label, records) in zip(axes, panels.items()):
+        for i, rec in enumerate(records):
+            color = f"C{i % 10}"
+            scalar_inputs = rec.inputs is not None and rec.inputs[0].size == 1
+            if scalar_inputs:
+                x = rec.inputs.reshape(-1)
+                order = np.argsort(x)
+                ax.plot(x[order], rec.kernel[order], color=color, label=f"step {rec.step}")
+                if rec.x_t is not None:
+                    ax.axvline(float(rec.x_t.reshape(-1)[0]), color=color, ls="--", lw=1)
+            else:
+                ax.plot(rec.kernel, ".-", color=color, label=f"step {rec.step}")
+            ax.set_xlabel("x" if scalar_inputs else "probe input index")
+        ax.axhline(0.0, color="0.6", lw=0.8)
+        ax.set_ylabel(r"NTK$(x, x_t)$")
+        ax.set_title(f"{label} (seed {records[0].seed})" if records else label, fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str = "") -> Figure:
+    """Per-layer fields over time, ``{field: Series}`` with values ``(R, T, L)``: one subplot per field, one
+    line per layer (mean over runs), y axis the fraction in [0, 1]; two subplots per row."""
+    n_cols = min(2, len(series))
+    n_rows = -(-len(series) // n_cols)
+    fig = Figure(figsize=(_LINE_W_IN * n_cols, _LINE_H_IN * n_rows), layout="constrained")
+    axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
+    for ax in axes[len(series):]:
+        ax.set_axis_off()
+    for ax, (name, s) in zip(axes, series.items()):
+        mean = s.mean
+        for i, layer in enumerate(layers):
+            ax.plot(s.steps, mean[:, i], marker=".", label=layer)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("fraction")
+        ax.set_title(name.replace("_", " "), fontsize=9)
+    axes[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def elephant_params(series: Mapping[str, Series], layers: Sequence[str], title: str = "") -> Figure:
+    """Elephant parameters over time, ``{"h": Series, "a": Series}`` with values ``(R, T, E, 3)`` (mean, min,
+    max per layer): one subplot per parameter, per layer its mean as a line and its min-max range as a band
+    (each averaged over runs)."""
+    fig = Figure(figsize=(_LINE_W_IN * len(series), _LINE_H_IN), layout="constrained")
+    axes = fig.subplots(1, len(series), squeeze=False)[0]
+    for ax, (name, s) in zip(axes, series.items()):
+        mean = s.mean
+        for i, layer in enumerate(layers):
+            color = f"C{i % 10}"
+            ax.plot(s.steps, mean[:, i, 0], color=color, label=layer)
+            ax.fill_between(s.steps, mean[:, i, 1], mean[:, i, 2], color=color, alpha=0.2, lw=0)
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.set_title(f"Elephant {name}: mean over units, band min to max", fontsize=9)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return fig

@@ -1,0 +1,236 @@
+"""Tests of probes.runlog (HDF5 run log) and probes.provenance."""
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from probes.provenance import provenance
+from probes.runlog import Field, RunLog, RunLogError, find_runs, read_run
+
+WRITER = Path(__file__).with_name("_runlog_writer.py")
+PROBES = {"weights": {"matrix": Field((32, 32)), "loss": Field(())}}
+
+
+def make_log(path, steps, **kwargs):
+    """Write records of PROBES and scalar 'reward' at `steps`; values are functions of step."""
+    kwargs = {"config": {"lr": 0.001, "layers": [64, 64]}, "seed": 3, "probes": PROBES,
+              "scalars": ["reward"], **kwargs}
+    with RunLog(path, **kwargs) as log:
+        for step in steps:
+            log.append("weights", step, matrix=np.full((32, 32), step, dtype=np.float64),
+                       loss=step / 2)
+            log.scalar("reward", step, step * 10.0)
+
+
+def assert_records(run, steps):
+    steps = np.asarray(steps)
+    weights = run.probes["weights"]
+    np.testing.assert_array_equal(weights["step"], steps)
+    assert weights["matrix"].shape == (len(steps), 32, 32)
+    assert weights["matrix"].dtype == np.float32
+    np.testing.assert_array_equal(weights["matrix"][:, 5, 7], steps)
+    np.testing.assert_array_equal(weights["loss"], steps / 2)
+    reward_steps, rewards = run.scalars["reward"]
+    np.testing.assert_array_equal(reward_steps, steps)
+    np.testing.assert_array_equal(rewards, steps * 10.0)
+
+
+def start_writer(path, n_records, sleep_s):
+    return subprocess.Popen([sys.executable, str(WRITER), str(path), str(n_records), str(sleep_s)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def wait_for_records(proc, n):
+    """Steps reported by the writer subprocess, once it has reported `n` records."""
+    return [int(proc.stdout.readline()) for _ in range(n)]
+
+
+def test_round_trip_schema_and_attrs(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, range(5), device="cuda:0", probe_settings={"every": 100},
+             extra_attrs={"agent": "dqn", "tags": ["a", "b"]})
+    run = read_run(path)
+    assert run.path == str(path)
+    assert run.config == {"lr": 0.001, "layers": [64, 64]}
+    assert run.seed == 3
+    assert run.attrs["format"] == "interference-runlog"
+    assert run.attrs["format_version"] == 1
+    assert run.attrs["device"] == "cuda:0"
+    assert run.attrs["probe_settings"] == {"every": 100}
+    assert run.attrs["agent"] == "dqn" and run.attrs["tags"] == ["a", "b"]
+    assert {"versions", "git_commit", "git_dirty", "hostname", "platform", "time_utc",
+            "argv"} <= set(run.attrs["provenance"])
+    assert_records(run, range(5))
+    with h5py.File(path, "r") as f:  # the documented layout, readable without this module
+        assert json.loads(f.attrs["config"])["lr"] == 0.001
+        assert f["probes/weights/matrix"].maxshape == (None, 32, 32)
+        assert f["scalars/reward/value"].dtype == np.float64
+        assert f["probes/weights/step"].dtype == np.int64
+
+
+def test_provenance_keys():
+    prov = provenance()
+    assert prov["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert prov["versions"]["h5py"] == h5py.__version__
+    assert isinstance(prov["git_commit"], str) and prov["git_dirty"] in (True, False, None)
+    assert prov["argv"] == sys.argv
+    json.dumps(prov)
+
+
+def test_append_validation_errors(tmp_path):
+    with RunLog(tmp_path / "run.h5", config={}, seed=0, probes=PROBES, scalars=["reward"]) as log:
+        with pytest.raises(ValueError, match=r"probe 'weights' field 'matrix': expected shape "
+                                             r"\(32, 32\), got \(32, 31\)"):
+            log.append("weights", 0, matrix=np.zeros((32, 31)), loss=0.0)
+        with pytest.raises(ValueError, match=r"probe 'weights': missing fields \['loss'\]"):
+            log.append("weights", 0, matrix=np.zeros((32, 32)))
+        with pytest.raises(ValueError, match=r"unexpected fields \['acc'\]"):
+            log.append("weights", 0, matrix=np.zeros((32, 32)), loss=0.0, acc=1.0)
+        with pytest.raises(ValueError, match="expected dtype float32, got complex128"):
+            log.append("weights", 0, matrix=np.zeros((32, 32), complex), loss=0.0)
+        with pytest.raises(ValueError, match="unknown probe 'grads'"):
+            log.append("grads", 0, x=1.0)
+        with pytest.raises(ValueError, match=r"unknown scalar 'return'; declared scalars: \['reward'\]"):
+            log.scalar("return", 0, 1.0)
+    assert_records(read_run(tmp_path / "run.h5"), [])
+
+
+def test_resume_appends_and_adds_probes(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, range(3))
+    make_log(path, range(3, 6), config={"lr": 0.01}, seed=3,
+             probes={**PROBES, "new": {"x": Field((2,), "int64")}})
+    run = read_run(path)
+    assert_records(run, range(6))
+    assert run.config == {"lr": 0.001, "layers": [64, 64]}  # original config kept
+    (resume,) = run.attrs["resumes"]
+    assert resume["changed"] == {"config": {"lr": 0.01}}
+    assert "git_commit" in resume["provenance"]
+    assert run.probes["new"]["x"].shape == (0, 2)
+
+
+def test_resume_with_conflicting_field_fails(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, range(2))
+    with pytest.raises(RunLogError, match=r"probe 'weights' is declared with fields .*"
+                                          r"matrix: shape \(16, 16\) float32.* but the file has"):
+        RunLog(path, config={}, seed=0,
+               probes={"weights": {"matrix": Field((16, 16)), "loss": Field(())}})
+    assert_records(read_run(path), range(2))
+
+
+def test_overwrite(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, range(4))
+    make_log(path, [10, 11], overwrite=True)
+    run = read_run(path)
+    assert_records(run, [10, 11])
+    assert "resumes" not in run.attrs
+
+
+def test_sigkill_keeps_all_but_last_record_and_resume_repairs(tmp_path):
+    path = tmp_path / "run.h5"
+    proc = start_writer(path, 100_000, 0.001)
+    wait_for_records(proc, 20)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reported = [int(line) for line in proc.stdout.read().split()]
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    n_reported = 20 + len(reported)
+
+    run = read_run(path)
+    n = len(run.probes["weights"]["step"])
+    assert n >= n_reported - 1
+    weights = run.probes["weights"]
+    np.testing.assert_array_equal(weights["step"], np.arange(n))
+    np.testing.assert_array_equal(weights["matrix"][:, 31, 31], np.arange(n))
+    np.testing.assert_array_equal(weights["loss"], np.arange(n) / 2)
+
+    # Resuming repairs the file left by the killed writer and appends after its records.
+    with RunLog(path, config={}, seed=7, probes=PROBES, scalars=["reward"]) as log:
+        log.append("weights", n, matrix=np.full((32, 32), n), loss=n / 2)
+    run = read_run(path)
+    assert run.config == {"writer": "subprocess"} and len(run.attrs["resumes"]) == 1
+    weights = run.probes["weights"]
+    np.testing.assert_array_equal(weights["step"], np.arange(n + 1))
+    np.testing.assert_array_equal(weights["matrix"][:, 0, 0], np.arange(n + 1))
+
+
+def test_reader_follows_live_writer(tmp_path):
+    path = tmp_path / "run.h5"
+    proc = start_writer(path, 100_000, 0.002)
+    try:
+        wait_for_records(proc, 3)
+        first = read_run(path)
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:  # long-lived SWMR reader
+            step = f["probes/weights/step"]
+            seen = len(step)
+            wait_for_records(proc, 10)
+            step.refresh()
+            assert len(step) > seen
+        second = read_run(path)
+        with pytest.raises(RunLogError, match="in use by another process"):
+            RunLog(path, config={}, seed=7, probes=PROBES)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    n1, n2 = len(first.probes["weights"]["step"]), len(second.probes["weights"]["step"])
+    assert 3 <= n1 < n2
+    for run in (first, second):
+        n = len(run.probes["weights"]["step"])
+        assert run.probes["weights"]["matrix"].shape == (n, 32, 32)
+        assert len(run.scalars["reward"][0]) >= n - 1
+
+
+def test_not_hdf5_file(tmp_path):
+    path = tmp_path / "noise.h5"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(RunLogError, match=rf"{re.escape(str(path))}: not an HDF5 file"):
+        read_run(path)
+    with pytest.raises(RunLogError, match="not an HDF5 file"):
+        RunLog(path, config={}, seed=0, probes=PROBES)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.05])
+def test_truncated_file(tmp_path, keep):
+    path = tmp_path / "run.h5"
+    make_log(path, range(50))
+    truncated = tmp_path / "truncated.h5"
+    shutil.copy(path, truncated)
+    with open(truncated, "r+b") as f:
+        f.truncate(int(path.stat().st_size * keep))
+    with pytest.raises(RunLogError, match=rf"{re.escape(str(truncated))}: corrupt or truncated HDF5 file"):
+        read_run(truncated)
+
+
+def test_foreign_hdf5_file(tmp_path):
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(3)
+    with pytest.raises(RunLogError, match=rf"{re.escape(str(path))}: not an interference run log "
+                                          r"\(root attribute 'format' is missing"):
+        read_run(path)
+    with pytest.raises(RunLogError, match="not an interference run log"):
+        RunLog(path, config={}, seed=0, probes=PROBES)
+    with h5py.File(path, "r") as f:  # left untouched
+        assert list(f) == ["x"]
+
+
+def test_find_runs(tmp_path):
+    make_log(tmp_path / "b" / "run.h5", [0])
+    make_log(tmp_path / "a.h5", [0])
+    (tmp_path / "notes.txt").write_text("x")
+    assert find_runs(tmp_path) == [str(tmp_path / "a.h5"), str(tmp_path / "b" / "run.h5")]
+    assert find_runs(tmp_path / "a.h5") == [str(tmp_path / "a.h5")]
+    with pytest.raises(FileNotFoundError):
+        find_runs(tmp_path / "missing")
