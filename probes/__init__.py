@@ -1,16 +1,16 @@
 """Probes: diagnostics computed while a learner trains, logged to one crash-safe HDF5 file per run.
 
 ``probes.runlog`` (file layout, writer, reader) <- ``probes.probe`` (the API) <- ``probes.builtin``
-(gradcov, ntk, sparsity, weights) <- ``probes.runner`` (plain training loops) and ``probes.sb3``
+(gradcov, ntk, outputs, sparsity, weights) <- ``probes.runner`` (plain training loops) and ``probes.sb3``
 (Stable-Baselines3 callback). Import the SB3 adapter from ``probes.sb3``.
 """
 
-from .builtin import PROBES, GradCovProbe, NTKProbe, SparsityProbe, WeightsProbe, make_probe
+from .builtin import PROBES, GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe, make_probe
 from .probe import Probe, ProbeContext
 from .runlog import Field, Run, RunLog, RunLogError, find_runs, read_run
 from .runner import ProbeRunner
 
 __all__ = [
-    "PROBES", "Field", "GradCovProbe", "NTKProbe", "Probe", "ProbeContext", "ProbeRunner", "Run", "RunLog",
+    "PROBES", "Field", "GradCovProbe", "NTKProbe", "OutputsProbe", "Probe", "ProbeContext", "ProbeRunner", "Run", "RunLog",
     "RunLogError", "SparsityProbe", "WeightsProbe", "find_runs", "make_probe", "read_run",
 ]

@@ -17,7 +17,7 @@ from interference.sparsity import dormant_units, representation_sparsity, satura
 from .probe import Probe, ProbeContext
 from .runlog import Field
 
-__all__ = ["GradCovProbe", "NTKProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "activation_modules"]
+__all__ = ["GradCovProbe", "NTKProbe", "OutputsProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "activation_modules"]
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -87,11 +87,6 @@ class NTKProbe(Probe):
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "output": self.output, "against": self.against, "normalized": self.normalized}
 
-    def _fn(self, ctx: ProbeContext):
-        if ctx.forward is None:
-            return ctx.model
-        return _Forward(ctx.model, ctx.forward)
-
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:
         if ctx.inputs is None:
             raise ValueError("ntk needs fixed probe inputs (ctx.inputs)")
@@ -99,11 +94,11 @@ class NTKProbe(Probe):
         if self.against == "current":
             return {"kernel": Field((n,)), "x_t": Field(tuple(ctx.inputs.shape[1:]))}
         with torch.no_grad():
-            o = model_outputs(self._fn(ctx), ctx.inputs[:1]).shape[1]
+            o = model_outputs(_model_fn(ctx), ctx.inputs[:1]).shape[1]
         return {"kernel": Field((n, n) if self.output == "trace" else (n, n, o, o))}
 
     def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
-        model = self._fn(ctx)
+        model = _model_fn(ctx)
         if self.against == "current":
             if ctx.current is None:
                 raise ValueError("ntk(against='current') needs the current sample (ctx.current)")
@@ -124,6 +119,28 @@ class _Forward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fn(self.model, x)
+
+
+class OutputsProbe(Probe):
+    """The model's outputs on the fixed probe inputs, ``(N, O)`` (the learned function, Q-values, ...)."""
+
+    name = "outputs"
+
+    def fields(self, ctx: ProbeContext) -> dict[str, Field]:
+        if ctx.inputs is None:
+            raise ValueError("outputs needs fixed probe inputs (ctx.inputs)")
+        with torch.no_grad():
+            o = model_outputs(_model_fn(ctx), ctx.inputs[:1]).shape[1]
+        return {"y": Field((ctx.inputs.shape[0], o))}
+
+    def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
+        with torch.no_grad():
+            return {"y": _np(model_outputs(_model_fn(ctx), ctx.inputs))}
+
+
+def _model_fn(ctx: ProbeContext) -> nn.Module:
+    """``ctx.model``, or ``ctx.forward`` bound to it as a module."""
+    return ctx.model if ctx.forward is None else _Forward(ctx.model, ctx.forward)
 
 
 _ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.LeakyReLU, nn.GELU, nn.SiLU, Elephant, Maxout, LWTA, FTA)
@@ -246,11 +263,11 @@ class WeightsProbe(Probe):
         return out
 
 
-PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, SparsityProbe, WeightsProbe)}
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe)}
 
 
 def make_probe(name: str, **kwargs: Any) -> Probe:
-    """Build a built-in probe by name (``gradcov``, ``ntk``, ``sparsity``, ``weights``)."""
+    """Build a built-in probe by name (``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``)."""
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose from {', '.join(sorted(PROBES))}")
     return PROBES[name](**kwargs)

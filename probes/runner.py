@@ -47,11 +47,12 @@ class ProbeRunner:
         example: a context with the model, losses, sample source and probe inputs, used to declare fields.
         config, seed, device, extra_attrs: stored in the run log's attributes.
         scalars: names of scalar series the learner will log (episode returns, losses, ...).
+        overwrite: start the file afresh instead of appending to an existing run.
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, example: ProbeContext,
                  config: Mapping[str, Any], seed: int, scalars: Sequence[str] = (), device: str = "cpu",
-                 extra_attrs: Mapping[str, Any] | None = None) -> None:
+                 extra_attrs: Mapping[str, Any] | None = None, overwrite: bool = False) -> None:
         names = [p.name for p in probes]
         if len(set(names)) != len(names):
             raise ValueError(f"probe names must be unique, got {names}")
@@ -60,7 +61,8 @@ class ProbeRunner:
         if example.inputs is not None:
             schema[INPUTS] = {"x": Field(tuple(example.inputs.shape), "float32")}
         self.log = RunLog(path, config=config, seed=seed, probes=schema, scalars=scalars, device=device,
-                          probe_settings={p.name: p.settings() for p in self.probes}, extra_attrs=extra_attrs)
+                          probe_settings={p.name: p.settings() for p in self.probes}, extra_attrs=extra_attrs,
+                          overwrite=overwrite)
         self._inputs_logged = False
 
     def due(self, step: int) -> bool:

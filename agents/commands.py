@@ -1,0 +1,56 @@
+"""What a learner exposes to the CLI and to the grid runner: one ``Command`` per ``agents.train`` subcommand.
+
+A command turns flags (or a grid entry) into a validated config dict and runs it into a run directory. The same
+validation serves both paths, so a bad grid entry fails the way a bad flag does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["Command", "ConfigError", "commands", "get_command"]
+
+
+class ConfigError(ValueError):
+    """A config value a command refuses (unknown activation, negative learning rate, unknown env, ...)."""
+
+
+class Command(Protocol):
+    name: str
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Declare the subcommand's flags (defaults ``None`` where the config supplies the default)."""
+
+    def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """A complete, validated config from flag values or a grid entry; raises :class:`ConfigError`."""
+
+    def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
+        """The run's folder under ``out`` (one per configuration and seed)."""
+
+    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+        """Train, write the run's files into ``run_dir`` and return a small summary (JSON-able)."""
+
+
+# subcommand name -> module defining ``COMMAND``; modules are imported on first use (SB3/ALE load slowly).
+_MODULES = {
+    "stream-sin": "agents.stream.commands",
+    "edit": "agents.stream.commands",
+    "dqn": "agents.rl.commands",
+    "ppo": "agents.rl.commands",
+    "sac": "agents.rl.commands",
+}
+
+
+def commands() -> list[str]:
+    return list(_MODULES)
+
+
+def get_command(name: str) -> Command:
+    if name not in _MODULES:
+        raise ConfigError(f"unknown command {name!r}; choose from {', '.join(_MODULES)}")
+    return importlib.import_module(_MODULES[name]).COMMANDS[name]

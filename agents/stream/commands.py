@@ -1,0 +1,238 @@
+"""``agents.train`` subcommands of the streaming learners: ``stream-sin`` and ``edit``.
+
+Run folders: ``OUT/stream-sin/<method>/lr<lr>/seed<k>/run.h5`` (one HDF5 run log per seed; all seeds of a folder
+train together) and ``OUT/edit/<act>/edit.h5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from interference.gradcov import LossFn
+from probes import Field, ProbeContext, ProbeRunner, RunLog, make_probe
+
+from ..commands import ConfigError
+from .edit import EditConfig, edit
+from .learner import Ensemble, StreamConfig, train_stream
+
+__all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes"]
+
+ACTIVATIONS = ("elephant", "relu", "sigmoid", "tanh", "elu")
+PROBES = ("ntk", "outputs", "sparsity", "gradcov", "weights")
+N_PROBE_INPUTS = 201
+
+
+def _seeds(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    try:
+        seeds = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"seeds must be integers, e.g. 0,1,2; got {value!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ConfigError(f"seeds must be distinct non-negative integers, got {value!r}")
+    return seeds
+
+
+def _steps(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    try:
+        return tuple(sorted({int(v) for v in value}))
+    except (TypeError, ValueError):
+        raise ConfigError(f"probe steps must be integers, got {value!r}") from None
+
+
+def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
+    known = {f.name for f in fields(StreamConfig)}
+    cfg = StreamConfig(**{k: v for k, v in values.items() if k in known and k != "seeds"})
+    cfg.seeds = _seeds(values.get("seeds", values.get("seed", (0,))))
+    if cfg.act not in ACTIVATIONS:
+        raise ConfigError(f"unknown activation {cfg.act!r} for stream-sin; choose from {', '.join(ACTIVATIONS)}")
+    for name in ("lr", "d", "a", "h"):
+        v = getattr(cfg, name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"{'learning rate' if name == 'lr' else name} must be a positive number, got {v!r}")
+    for name in ("n", "n_test", "updates", "width"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {getattr(cfg, name)!r}")
+    if cfg.sigma_bias < 0:
+        raise ConfigError(f"sigma_bias must be >= 0, got {cfg.sigma_bias!r}")
+    if cfg.srnn_lambda < 0:
+        raise ConfigError(f"srnn_lambda must be >= 0, got {cfg.srnn_lambda!r}")
+    if not 0 < cfg.srnn_beta < 1:
+        raise ConfigError(f"srnn_beta must be in (0, 1), got {cfg.srnn_beta!r}")
+    return cfg
+
+
+def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
+    d = StreamConfig()
+    p.add_argument("--act", choices=ACTIVATIONS, help=f"hidden activation (default {d.act})")
+    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d.lr:g}; the paper's grid is "
+                                            "3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)")
+    p.add_argument("--seeds", help="comma-separated seeds trained side by side (default 0)")
+    p.add_argument("--n", type=int, help=f"stream length (default {d.n})")
+    p.add_argument("--n-test", dest="n_test", type=int, help=f"test points on [0, 2] (default {d.n_test})")
+    p.add_argument("--updates", type=int, help=f"Adam updates per arriving sample (default {d.updates})")
+    p.add_argument("--width", type=int, help=f"hidden units (default {d.width})")
+    p.add_argument("--d", type=float, help=f"Elephant slope d (default {d.d:g})")
+    p.add_argument("--a", type=float, help=f"Elephant width a (default {d.a:g})")
+    p.add_argument("--h", type=float, help=f"Elephant height h (default {d.h:g})")
+    p.add_argument("--sigma-bias", dest="sigma_bias", type=float,
+                   help=f"Elephant bias spread sigma_bias (default {d.sigma_bias:g})")
+
+
+class StreamSin:
+    name = "stream-sin"
+    help = "streaming regression on sin(pi x) (the paper's section 5.1), several seeds side by side"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        _add_stream_arguments(p)
+        p.add_argument("--srnn-lambda", dest="srnn_lambda", type=float,
+                       help="SR-NN Set-KL weight lambda (0 = plain activation; paper: 0.1, 0.01, 0.001)")
+        p.add_argument("--srnn-beta", dest="srnn_beta", type=float, help="SR-NN target sparsity beta (0.05, 0.1, 0.2)")
+        p.add_argument("--probe", help=f"comma-separated probes from {', '.join(PROBES)} (default ntk,outputs,sparsity)")
+        p.add_argument("--probe-at", dest="probe_at",
+                       help="samples seen at which probes run (default 1,25,50,100,150,200)")
+
+    def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        cfg = _stream_config(values)
+        probes = values.get("probe", "ntk,outputs,sparsity")
+        probes = [p for p in (probes.split(",") if isinstance(probes, str) else probes) if p]
+        unknown = [p for p in probes if p not in PROBES]
+        if unknown:
+            raise ConfigError(f"unknown probe {unknown[0]!r}; choose from {', '.join(PROBES)}")
+        at = _steps(values.get("probe_at", (1, 25, 50, 100, 150, cfg.n)))
+        extra = set(values) - {f.name for f in fields(StreamConfig)} - {"seed", "probe", "probe_at"}
+        if extra:
+            raise ConfigError(f"stream-sin does not take {', '.join(sorted(extra))}")
+        return {"command": self.name, **asdict(cfg), "seeds": list(cfg.seeds), "probe": probes, "probe_at": list(at)}
+
+    def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
+        method = config["act"]
+        if config["srnn_lambda"] > 0:
+            method += f"-srnn-l{config['srnn_lambda']:g}-b{config['srnn_beta']:g}"
+        return Path(out) / self.name / method / f"lr{config['lr']:g}"
+
+    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+        cfg = _stream_config(config)
+        runners = [stream_probes(cfg, seed, config["probe"], config["probe_at"], run_dir / f"seed{seed}" / "run.h5")
+                   for seed in cfg.seeds]
+        x_seen, y_seen = [], []
+
+        def on_sample(t: int, ens: Ensemble, xt, yt, mse) -> None:
+            x_seen.append(xt)
+            y_seen.append(yt)
+            for i, (runner, ctx) in enumerate(runners):
+                runner.scalar("test_mse", t, float(mse[i]))
+                if runner.due(t):
+                    ctx.step, ctx.model, ctx.current = t, ens.module(i), xt
+                    ctx.sample = _sampler(torch.cat(x_seen), torch.cat(y_seen), np.random.default_rng([cfg.seeds[i], t]))
+                    runner.on_step(ctx)
+
+        try:
+            result = train_stream(cfg, on_sample)
+        finally:
+            for runner, _ in runners:
+                runner.close()
+        summary = {"final_mse": dict(zip(map(str, cfg.seeds), result.final_mse.tolist())),
+                   "mean_final_mse": float(result.final_mse.mean())}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+
+def _mse(model: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return (model(x) - y).pow(2).flatten()
+
+
+def _sampler(x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator):
+    """``sample(k)``: ``k`` of the samples seen so far, drawn with replacement."""
+
+    def sample(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(rng.integers(0, len(x), size=k))
+        return x[idx], y[idx]
+
+    return sample
+
+
+def stream_probes(cfg: StreamConfig, seed: int, names: list[str], at: list[int],
+                  path: Path) -> tuple[ProbeRunner, ProbeContext]:
+    """The probe runner of one seed's run log and a context to fill in at each probe step.
+
+    Probe inputs are ``N_PROBE_INPUTS`` points evenly spaced on [0, 2]; the NTK is taken against the sample being
+    learned and normalised to [-1, 1] (the paper's Figure 2a).
+    """
+    from .learner import build_net
+
+    kwargs = {"every": None, "at": at}
+    probes = [make_probe(n, **kwargs, **({"against": "current", "normalized": True} if n == "ntk" else {}))
+              for n in names]
+    inputs = torch.linspace(0.0, 2.0, N_PROBE_INPUTS)[:, None]
+    losses: dict[str, LossFn] = {"mse": _mse}
+    ctx = ProbeContext(step=0, model=build_net(cfg, seed), losses=losses, inputs=inputs,
+                       current=inputs[:1], sample=_sampler(inputs, torch.sin(math.pi * inputs), np.random.default_rng(0)))
+    config = {"algo": "stream-sin", **asdict(cfg), "seeds": None, "seed": seed}
+    runner = ProbeRunner(probes, path, example=ctx, config=config, seed=seed, scalars=("test_mse",), overwrite=True)
+    return runner, ctx
+
+
+class Edit:
+    name = "edit"
+    help = "local editing (the paper's Figure 2b): fit sin(pi x), move the target at x=1.5 from -1 to -1.5"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        _add_stream_arguments(p)
+        d = EditConfig(StreamConfig())
+        p.add_argument("--x-edit", dest="x_edit", type=float, help=f"input whose target changes (default {d.x_edit:g})")
+        p.add_argument("--target", type=float, help=f"new target there (default {d.target:g})")
+        p.add_argument("--tol", type=float, help=f"stop when |f(x_edit) - target| <= tol (default {d.tol:g})")
+        p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int,
+                       help=f"max full-batch Adam steps fitting sin(pi x) (default {d.pretrain_steps})")
+        p.add_argument("--far", type=float, help=f"report the mean change where |x - x_edit| > far (default {d.far:g})")
+
+    def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        cfg = _stream_config(values)
+        edit_keys = {f.name for f in fields(EditConfig)} - {"stream"}
+        extra = set(values) - {f.name for f in fields(StreamConfig)} - edit_keys - {"seed"}
+        if extra:
+            raise ConfigError(f"edit does not take {', '.join(sorted(extra))}")
+        e = EditConfig(cfg, **{k: v for k, v in values.items() if k in edit_keys})
+        if e.tol <= 0 or e.far < 0 or e.pretrain_steps <= 0:
+            raise ConfigError("tol must be > 0, far >= 0 and pretrain_steps > 0")
+        return {"command": self.name, **asdict(cfg), "seeds": list(cfg.seeds),
+                **{k: getattr(e, k) for k in sorted(edit_keys)}}
+
+    def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
+        return Path(out) / self.name / config["act"]
+
+    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+        cfg = _stream_config(config)
+        edit_keys = {f.name for f in fields(EditConfig)} - {"stream"}
+        result = edit(EditConfig(cfg, **{k: config[k] for k in edit_keys}))
+        n_grid = len(result.x)
+        schema = {"edit": {"x": Field((n_grid,)), "before": Field((n_grid,)), "after": Field((n_grid,)),
+                           "far_change": Field(()), "steps": Field((), "int64"), "pretrain_mse": Field(())}}
+        for i, seed in enumerate(cfg.seeds):
+            with RunLog(run_dir / f"seed{seed}" / "edit.h5", config={"algo": "edit", **dict(config), "seeds": None,
+                                                                     "seed": seed},
+                        seed=seed, probes=schema, overwrite=True) as log:
+                log.append("edit", 0, x=result.x, before=result.before[i], after=result.after[i],
+                           far_change=result.far_change[i], steps=result.steps[i], pretrain_mse=result.pretrain_mse[i])
+        return {"far_change": dict(zip(map(str, cfg.seeds), result.far_change.tolist())),
+                "mean_far_change": float(result.far_change.mean()),
+                "edit_steps": result.steps.tolist(), "pretrain_mse": result.pretrain_mse.tolist()}
+
+
+COMMANDS = {"stream-sin": StreamSin(), "edit": Edit()}

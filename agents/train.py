@@ -1,0 +1,43 @@
+"""One CLI for every learner: ``python -m agents.train COMMAND [flags]`` (``--help`` on each command)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .commands import ConfigError, commands, get_command
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in commands():
+        cmd = get_command(name)
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p.add_argument("--out", type=Path, default=Path("runs"), help="root folder of run directories")
+        cmd.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    name, out = args.pop("command"), args.pop("out")
+    cmd = get_command(name)
+    try:
+        config = cmd.make_config({k: v for k, v in args.items() if v is not None})
+    except ConfigError as err:
+        parser.exit(2, f"{parser.prog} {name}: error: {err}\n")
+    run_dir = cmd.run_dir(config, out)
+    summary = cmd.run(config, run_dir)
+    print(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
