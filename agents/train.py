@@ -12,10 +12,14 @@ from .commands import ConfigError, commands, get_command
 __all__ = ["main", "build_parser"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; only the ``selected`` command's module is imported (the others list their name)."""
     parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in commands():
+        if name != selected:
+            sub.add_parser(name, help=f"see python -m agents.train {name} --help")
+            continue
         cmd = get_command(name)
         p = sub.add_parser(name, help=cmd.help, description=cmd.help,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -25,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(next((a for a in argv if a in commands()), None))
     args = vars(parser.parse_args(argv))
     name, out = args.pop("command"), args.pop("out")
     cmd = get_command(name)

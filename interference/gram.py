@@ -254,9 +254,10 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: _Plan)
     """Per-layer factors for one block of samples, and the outputs ``(n, O)``."""
     with torch.enable_grad(), _capture(plan) as records:
         out = fn(batch)
-    bad = [m for m, r in records.items() if len(r) > 1]
-    if bad:
-        raise _ReusedModules(bad)
+    bad = [type(m).__name__ for m, r in records.items() if len(r) > 1]
+    if bad:  # the one-sample dry run saw each of them once: the forward's control flow depends on the data
+        raise RuntimeError(f"modules {bad} ran more than once on this block but once on a single sample;"
+                           " use implementation='func' for models whose structure depends on the batch")
     used = [(m, r[0]) for m, r in records.items() if r]
     if not used:
         return [], out.detach()
