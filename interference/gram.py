@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils import _pytree as pytree
 
-from .activations import Elephant
+from .activations import Elephant, _abs_pow
 
 Batch = Any  # a Tensor or a pytree of Tensors with a common leading dimension
 Output = Literal["full", "trace", "diagonal"]
@@ -116,6 +116,11 @@ class _Factor:
     g: Tensor | None = None
 
 
+def _sum_rest(t: Tensor) -> Tensor:
+    """Sum ``(n, O, rest, ...)`` over ``rest`` (weight sharing over positions); a view when ``rest == 1``."""
+    return t.squeeze(2) if t.shape[2] == 1 else t.sum(2)
+
+
 def _linear_rule(mod: nn.Linear, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
     w, bias = "weight" in use, "bias" in use
     if inp.dim() == 2:
@@ -123,54 +128,53 @@ def _linear_rule(mod: nn.Linear, inp: Tensor, gout: Tensor, use: set[str]) -> li
     n, o = gout.shape[:2]
     a = inp.reshape(n, -1, inp.shape[-1])
     b = gout.reshape(n, o, -1, gout.shape[-1])
-    parts = []
+    out = []
     if w:
-        parts.append(torch.einsum("notj,nti->noji", b, a).reshape(n, o, -1))
+        out.append(_Factor(g=torch.einsum("notj,nti->noji", b, a).reshape(n, o, -1)))
     if bias:
-        parts.append(b.sum(2))
-    return [_Factor(g=torch.cat(parts, -1))]
+        out.append(_Factor(g=_sum_rest(b)))
+    return out
 
 
 def _conv2d_rule(mod: nn.Conv2d, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
     n, o, c_out = gout.shape[:3]
     b = gout.reshape(n, o, c_out, -1)
-    parts = []
+    out = []
     if "weight" in use:
         u = F.unfold(inp, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride)
-        parts.append(torch.einsum("nocl,nkl->nock", b, u).reshape(n, o, -1))
+        out.append(_Factor(g=torch.einsum("nocl,nkl->nock", b, u).reshape(n, o, -1)))
     if "bias" in use:
-        parts.append(b.sum(-1))
-    return [_Factor(g=torch.cat(parts, -1))]
+        out.append(_Factor(g=b.sum(-1)))
+    return out
 
 
 def _layer_norm_rule(mod: nn.LayerNorm, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
     n, o = gout.shape[:2]
     k = len(mod.normalized_shape)
     b = gout.reshape(n, o, -1, *gout.shape[gout.dim() - k:])  # (n, O, rest, *normalized)
-    parts = []
+    out = []
     if "weight" in use:
         xhat = F.layer_norm(inp, mod.normalized_shape, None, None, mod.eps)
         xhat = xhat.reshape(n, 1, -1, *xhat.shape[xhat.dim() - k:])
-        parts.append((b * xhat).sum(2).reshape(n, o, -1))
+        out.append(_Factor(g=_sum_rest(b * xhat).reshape(n, o, -1)))
     if "bias" in use:
-        parts.append(b.sum(2).reshape(n, o, -1))
-    return [_Factor(g=torch.cat(parts, -1))]
+        out.append(_Factor(g=_sum_rest(b).reshape(n, o, -1)))
+    return out
 
 
 def _elephant_rule(mod: Elephant, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
-    # dy/dlog_h = h s and dy/dlog_a = h d |u|^d s^2, with u = x/a and s = 1/(1 + |u|^d).
+    # dy/dlog_h = h s = y and dy/dlog_a = h d |u|^d s^2, with u = x/a and s = 1/(1 + |u|^d).
     n, o = gout.shape[:2]
-    h, a = mod.h, mod.a
-    u = inp / a
-    p = u.abs().pow(mod.d)
-    s = 1.0 / (1.0 + p)
-    parts = []
-    lead = (n, o, -1) if mod.num_units is None else (n, o, -1, inp.shape[-1])
-    for name, dy in (("log_h", h * s), ("log_a", h * mod.d * p * s * s)):
+    p = _abs_pow(inp / mod.a, mod.d, inplace=True)
+    s = p.add(1.0).reciprocal_()
+    hs = mod.h * s
+    lead = (n, o, -1, 1) if mod.num_units is None else (n, o, -1, inp.shape[-1])
+    out = []
+    for name, dy in (("log_h", hs), ("log_a", p.mul_(s).mul_(hs).mul_(mod.d) if "log_a" in use else None)):
         if name in use:
-            contrib = (gout * dy.unsqueeze(1)).reshape(lead).sum(2)
-            parts.append(contrib.reshape(n, o, -1))
-    return [_Factor(g=torch.cat(parts, -1))]
+            g = _sum_rest((gout * dy.unsqueeze(1)).reshape(lead))
+            out.append(_Factor(g=g.sum(-1, keepdim=True) if mod.num_units is None else g))
+    return out
 
 
 _Rule = Callable[[nn.Module, Tensor, Tensor, set[str]], list[_Factor]]
@@ -273,7 +277,7 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: _Plan)
     for (mod, (inp, _)), g in zip(used, grads):
         if g is None:  # module ran but does not influence the output
             continue
-        gout = g.movedim(0, 1)  # (n, O, *out_shape)
+        gout = g.movedim(0, 1).contiguous()  # (n, O, *out_shape)
         with torch.no_grad():
             factors += _rule_for(mod)(mod, inp, gout, plan.modules[mod])
     return factors, out.detach()
@@ -324,36 +328,77 @@ def _func_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[
 
 
 # ----------------------------------------------------------------------------------------------- contraction
-def _contract(f1: _Factor | Tensor, f2: _Factor | Tensor, output: str) -> Tensor:
-    """Kernel block between two factors: ``(n, m, O, O)``, ``(n, m, O)`` or ``(n, m)``."""
+# Kernels accumulate in a working layout that keeps every contraction a plain matrix product:
+# full -> (n*O, m*O) with rows (n, o) and columns (m, q); diagonal -> (n, m, O); trace -> (n, m).
+def _work_shape(n: int, m: int, o: int, output: str) -> tuple[int, ...]:
+    return {"full": (n * o, m * o), "diagonal": (n, m, o), "trace": (n, m)}[output]
+
+
+def _accumulate(out: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, output: str) -> None:
+    """Add the kernel block between two factors to ``out`` (a view in the working layout)."""
     if isinstance(f1, Tensor) or f1.g is not None:
         g1 = f1 if isinstance(f1, Tensor) else f1.g
         g2 = f2 if isinstance(f2, Tensor) else f2.g
-        eq = {"full": "nop,mqp->nmoq", "diagonal": "nop,mop->nmo", "trace": "nop,mop->nm"}[output]
-        return torch.einsum(eq, g1, g2)
+        if output == "full":
+            out.addmm_(g1.reshape(-1, g1.shape[-1]), g2.reshape(-1, g2.shape[-1]).T)
+        else:
+            out += torch.einsum("nop,mop->nmo" if output == "diagonal" else "nop,mop->nm", g1, g2)
+        return
+    n, m, o = f1.b.shape[0], f2.b.shape[0], f1.b.shape[1]
     outer = (f1.a @ f2.a.T) if f1.a is not None else None
     if f1.bias:
-        outer = outer + 1.0 if outer is not None else torch.ones(f1.b.shape[0], f2.b.shape[0], dtype=f1.b.dtype,
-                                                                   device=f1.b.device)
+        outer = outer + 1.0 if outer is not None else f1.b.new_ones(n, m)
     if output == "full":
-        return outer[:, :, None, None] * torch.einsum("noi,mqi->nmoq", f1.b, f2.b)
+        bb = f1.b.reshape(n * o, -1) @ f2.b.reshape(m * o, -1).T
+        out += bb.view(n, o, m, o).mul_(outer[:, None, :, None]).view(n * o, m * o)
+        return
     bb = torch.einsum("noi,moi->nmo", f1.b, f2.b)
-    return outer[:, :, None] * bb if output == "diagonal" else torch.einsum("nm,nmo->nm", outer, bb)
+    out += outer[:, :, None] * bb if output == "diagonal" else torch.einsum("nm,nmo->nm", outer, bb)
+
+
+def _rows(f: _Factor | Tensor, start: int, stop: int) -> _Factor | Tensor:
+    """Samples ``start:stop`` of a factor."""
+    if isinstance(f, Tensor):
+        return f[start:stop]
+    if f.g is not None:
+        return _Factor(g=f.g[start:stop])
+    return _Factor(a=None if f.a is None else f.a[start:stop], bias=f.bias, b=f.b[start:stop])
 
 
 def _block_kernel(fn, model, plan, b1, b2, output) -> Tensor:
-    f1, _ = _layerwise_factors(fn, b1, plan)
-    f2 = f1 if b2 is None else _layerwise_factors(fn, b2, plan)[0]
+    """The kernel between two blocks of samples (``b2=None``: the block with itself), in the output layout.
+
+    With itself the kernel is symmetric: four row blocks and only the 10 products on and above the diagonal are
+    computed (5/8 of the work), the rest mirrored.
+    """
+    f1, out1 = _layerwise_factors(fn, b1, plan)
+    f2, out2 = (f1, out1) if b2 is None else _layerwise_factors(fn, b2, plan)
     if plan.func_names:
         j1 = _func_jacobian(fn, model, plan.func_names, b1)
         j2 = j1 if b2 is None else _func_jacobian(fn, model, plan.func_names, b2)
         f1, f2 = f1 + [j1], f2 + [j2]
     if not f1:
         raise ValueError("none of the selected parameters influences the output (all gradients are zero)")
-    total = _contract(f1[0], f2[0], output)
-    for a, b in zip(f1[1:], f2[1:]):
-        total = total + _contract(a, b, output)
-    return total
+    (n, o), m = out1.shape, out2.shape[0]
+    work = out1.new_zeros(_work_shape(n, m, o, output))
+    k = o if output == "full" else 1  # rows of the working layout per sample
+    if b2 is not None:
+        for a, b in zip(f1, f2):
+            _accumulate(work, a, b, output)
+    else:
+        parts = 4 if n >= 128 else 1
+        edges = [n * i // parts for i in range(parts + 1)]
+        for i in range(parts):
+            r = slice(edges[i] * k, edges[i + 1] * k)
+            for j in range(i, parts):
+                c = slice(edges[j] * k, edges[j + 1] * k)
+                for f in f1:
+                    _accumulate(work[r, c], _rows(f, edges[i], edges[i + 1]), _rows(f, edges[j], edges[j + 1]), output)
+                if j != i:
+                    work[c, r] = work[r, c].transpose(0, 1)
+    if output == "full":
+        return work.view(n, o, m, o).permute(0, 2, 1, 3).contiguous()
+    return work
 
 
 # ----------------------------------------------------------------------------------------------- memory

@@ -73,12 +73,18 @@ def _ppo_context(algo: PPO, rng: np.random.Generator) -> dict[str, Any]:
 
     def sample(k: int):
         n = buf.buffer_size * buf.n_envs
-        data = buf._get_samples(rng.integers(0, n, size=k))
-        adv = data.advantages
+        idx = rng.integers(0, n, size=k)
+
+        def rows(arr: np.ndarray) -> Tensor:  # (steps, envs, ...) before SB3 flattens it in get(), (n, ...) after
+            flat = arr if buf.generator_ready else arr.reshape(n, *arr.shape[2:])
+            return torch.as_tensor(flat[idx], device=algo.device)
+
+        adv = rows(buf.advantages).flatten()
         if algo.normalize_advantage and k > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        actions = data.actions.long().flatten() if discrete else data.actions
-        return data.observations, actions, data.old_log_prob, adv, data.returns
+        actions = rows(buf.actions)
+        actions = actions.long().flatten() if discrete else actions
+        return rows(buf.observations), actions, rows(buf.log_probs).flatten(), adv, rows(buf.returns).flatten()
 
     def actor(policy: nn.Module, batch) -> Tensor:
         obs, actions, old_log_prob, adv, _ = batch

@@ -8,15 +8,16 @@ def literal(x, h, a, d):
     return h / (1 + (x / a).abs().pow(d))
 
 
+@pytest.mark.parametrize("implementation", ["fused", "autograd"])
 @pytest.mark.parametrize("d", [1.0, 2.0, 3.0, 4.0, 8.0, 2.5])
-def test_elephant_matches_literal_float64(d):
+def test_elephant_matches_literal_float64(d, implementation):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 7, generator=g, dtype=torch.float64) * 2
     h = torch.rand(7, generator=g, dtype=torch.float64) + 0.5
     a = torch.rand(7, generator=g, dtype=torch.float64) + 0.1
     vars1 = [t.clone().requires_grad_() for t in (x, h, a)]
     vars2 = [t.clone().requires_grad_() for t in (x, h, a)]
-    y1, y2 = elephant(*vars1, d=d), literal(*vars2, d)
+    y1, y2 = elephant(*vars1, d=d, implementation=implementation), literal(*vars2, d)
     assert torch.allclose(y1, y2, rtol=1e-13, atol=1e-15)
     w = torch.randn(y1.shape, generator=g, dtype=torch.float64)
     g1 = torch.autograd.grad((y1 * w).sum(), vars1)
@@ -25,13 +26,14 @@ def test_elephant_matches_literal_float64(d):
         assert torch.allclose(a1, a2, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("implementation", ["fused", "autograd"])
 @pytest.mark.parametrize("d", [2.0, 3.0, 4.0, 8.0, 2.5])
-def test_elephant_gradcheck_x_h_a(d):
+def test_elephant_gradcheck_x_h_a(d, implementation):
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(5, 3, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
     h = (torch.rand(3, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
     a = (torch.rand(3, generator=g, dtype=torch.float64) + 0.3).requires_grad_()
-    f = lambda x, h, a: elephant(x, h, a, d)
+    f = lambda x, h, a: elephant(x, h, a, d, implementation=implementation)
     assert torch.autograd.gradcheck(f, (x, h, a))
     assert torch.autograd.gradgradcheck(f, (x, h, a))
 
@@ -50,9 +52,10 @@ def test_elephant_module_parameters_and_freezing():
         Elephant(a=0.0)
 
 
-def test_elephant_under_torch_func():
+@pytest.mark.parametrize("rows", [4, 20000])  # below and above FUSED_MIN_NUMEL
+def test_elephant_under_torch_func(rows):
     e = Elephant(d=8, num_units=3).double()
-    x = torch.randn(4, 3, dtype=torch.float64)
+    x = torch.randn(rows, 3, dtype=torch.float64)
     jac = torch.func.vmap(torch.func.jacrev(lambda v: e(v)))(x)
     diag = torch.func.vmap(torch.func.grad(lambda v: e(v).sum()))(x)
     assert torch.allclose(jac.diagonal(dim1=-2, dim2=-1), diag)
@@ -81,12 +84,15 @@ def test_registry_and_errors():
         make_activation("maxout", k=4)(torch.zeros(2, 10))
     with pytest.raises(ValueError, match="k must be a positive int"):
         make_activation("lwta", k=0)
+    with pytest.raises(ValueError, match="implementation must be"):
+        elephant(torch.zeros(2), implementation="cuda")
 
 
-def test_elephant_second_derivatives_under_torch_func():
+@pytest.mark.parametrize("implementation", ["fused", "autograd"])
+def test_elephant_second_derivatives_under_torch_func(implementation):
     x = torch.linspace(-1, 1, 7, dtype=torch.float64)
     h, a = torch.tensor(1.3, dtype=torch.float64), torch.tensor(0.4, dtype=torch.float64)
     hessian = lambda f: torch.func.jacrev(torch.func.jacrev(f))
-    ours = hessian(lambda v: elephant(v, h, a, 4.0).sum())(x)
+    ours = hessian(lambda v: elephant(v, h, a, 4.0, implementation=implementation).sum())(x)
     ref = hessian(lambda v: literal(v, h, a, 4.0).sum())(x)
     assert torch.allclose(ours, ref, rtol=1e-10, atol=1e-12)

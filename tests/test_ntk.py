@@ -109,3 +109,14 @@ def test_float32_model_gives_float32_kernel():
     k = ntk(net, torch.randn(3, 4))
     assert k.dtype == torch.float32 and k.shape == (3, 3, 2, 2) and torch.isfinite(k).all()
     assert not math.isnan(float(k.sum()))
+
+
+@pytest.mark.parametrize("name", ["mlp-elephant-ln", "cnn"])
+def test_large_symmetric_kernel_blocks(name):
+    """N >= 128 takes the blocked symmetric path (upper blocks computed, lower mirrored)."""
+    model = build(name)
+    x = inputs(name, 130)
+    full = ntk(model, x)
+    assert rel_err(full, brute_force_ntk(model, x, x)) < 1e-6
+    assert torch.allclose(ntk(model, x, output="diagonal"), full.diagonal(dim1=2, dim2=3), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(ntk(model, x, output="trace"), full.diagonal(dim1=2, dim2=3).sum(-1), rtol=1e-10, atol=1e-12)

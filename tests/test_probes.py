@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 from stable_baselines3 import DQN, PPO
+from stable_baselines3.common.env_util import make_vec_env
 
 from interference import mlp
 from probes import NTKProbe, ProbeContext, ProbeRunner, make_probe, read_run
@@ -19,8 +20,8 @@ def make_algo(algo):
     if algo is DQN:
         return DQN("MlpPolicy", "CartPole-v1", seed=3, learning_starts=50, buffer_size=400, train_freq=1,
                    target_update_interval=50, policy_kwargs={"net_arch": [32]})
-    return PPO("MlpPolicy", "CartPole-v1", seed=3, n_steps=64, batch_size=32, n_epochs=2,
-               policy_kwargs={"net_arch": [32]})
+    return PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=3), seed=3, n_steps=32, batch_size=32,
+               n_epochs=2, policy_kwargs={"net_arch": [32]})
 
 
 @pytest.mark.parametrize("algo", [DQN, PPO])

@@ -1,0 +1,162 @@
+"""The training-run callback: progress bar, episode returns, loss scalars, Ctrl-C and NaN stops.
+
+Place it before :class:`probes.sb3.ProbeCallback` in the ``CallbackList``: it logs the loss scalars into the
+probe callback's run log at its own cadence, except at steps where a probe is due (the probe callback logs them
+there), so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from tqdm import tqdm
+
+__all__ = ["RunCallback", "stop_on_sigint", "final_return"]
+
+#: SB3 logger keys -> run-log scalar names (the scalars ProbeCallback declares)
+LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
+             "train/learning_rate": "learning_rate"}
+
+
+def final_return(returns: list[float], fraction: float = 0.1) -> float:
+    """Mean over the last ``ceil(fraction * n)`` episodes (at least one); NaN without episodes."""
+    if not returns:
+        return math.nan
+    k = max(1, math.ceil(round(fraction * len(returns), 9)))
+    return float(sum(returns[-k:]) / k)
+
+
+class RunCallback(BaseCallback):
+    """Progress bar, episode bookkeeping, loss logging and the two ways a run stops early.
+
+    Args:
+        total: the run's env steps (for the bar).
+        probe_callback: the run's ``ProbeCallback`` (its run log receives the loss scalars).
+        progress: show a tqdm bar on stderr.
+        loss_every: env steps between loss records (None: no loss records besides the probe callback's).
+        desc: the bar's label.
+
+    After ``learn`` returns, ``stop_reason`` is ``None`` (finished), ``"interrupted"`` (Ctrl-C) or ``"nan"``
+    (a non-finite loss; ``stop_message`` says which).
+    """
+
+    def __init__(self, total: int, *, probe_callback: Any = None, progress: bool = True,
+                 loss_every: int | None = None, desc: str = "") -> None:
+        super().__init__()
+        self.total, self.probe_callback, self.progress, self.desc = int(total), probe_callback, progress, desc
+        self.loss_every = loss_every
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+        self.stop_requested = False
+        self.stop_reason: str | None = None
+        self.stop_message = ""
+        self.wall_seconds = 0.0
+        self.bar: tqdm | None = None
+        self._t0 = 0.0
+        self._shown = 0
+        self._next_loss = loss_every or 0
+        self._last_postfix = 0.0
+
+    # -- SB3 hooks -------------------------------------------------------------------------------------------
+    def _on_training_start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._shown = self.num_timesteps
+        self.bar = tqdm(total=self.total, initial=self.num_timesteps, unit="step", desc=self.desc,
+                        disable=not self.progress, dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
+
+    def _on_step(self) -> bool:
+        step = self.num_timesteps
+        for info in self.locals.get("infos", ()):
+            episode = info.get("episode")
+            if episode is not None:
+                self.returns.append(float(episode["r"]))
+                self.lengths.append(int(episode["l"]))
+        if self.bar is not None:
+            self.bar.update(step - self._shown)
+            self._shown = step
+            now = time.perf_counter()
+            if self.progress and now - self._last_postfix > 1.0 and self.returns:
+                self._last_postfix = now
+                recent = self.returns[-10:]
+                self.bar.set_postfix(episodes=len(self.returns), ret=f"{sum(recent) / len(recent):.1f}",
+                                     refresh=False)
+        if self._check_nonfinite(step):
+            return False
+        if self.stop_requested:
+            self.stop_reason = "interrupted"
+            self.stop_message = f"interrupted at step {step}"
+            return False
+        if not isinstance(self.model, OnPolicyAlgorithm):
+            self._log_losses(step)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if isinstance(self.model, OnPolicyAlgorithm):
+            self._log_losses(self.num_timesteps)
+
+    def _on_training_end(self) -> None:
+        self.wall_seconds = time.perf_counter() - self._t0
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def _check_nonfinite(self, step: int) -> bool:
+        bad = getattr(self.model, "nonfinite_loss", None)
+        key = "train/loss" if bad is not None else None
+        if bad is None:
+            for k, v in self.model.logger.name_to_value.items():
+                if k.startswith("train/") and "loss" in k and isinstance(v, (int, float, np.floating)) \
+                        and not math.isfinite(v):
+                    key, bad = k, v
+                    break
+        if bad is None:
+            return False
+        self.stop_reason = "nan"
+        self.stop_message = (f"the training loss became {bad} ({key}) at step {step}; stopping the run "
+                             f"(try a smaller learning rate)")
+        return True
+
+    def _log_losses(self, step: int) -> None:
+        if not self.loss_every or step < self._next_loss:
+            return
+        self._next_loss = (step // self.loss_every + 1) * self.loss_every
+        runner = getattr(self.probe_callback, "runner", None)
+        if runner is None or runner.due(step):  # the probe callback logs the losses at its own steps
+            return
+        values = self.model.logger.name_to_value
+        for key, name in LOSS_KEYS.items():
+            if key in values:
+                runner.scalar(name, step, values[key])
+
+
+@contextlib.contextmanager
+def stop_on_sigint(callback: RunCallback) -> Iterator[None]:
+    """While training: the first Ctrl-C asks ``callback`` to stop after the current step (model and log are then
+    saved); a second one interrupts at once. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if callback.stop_requested:
+            raise KeyboardInterrupt
+        callback.stop_requested = True
+        print("\nCtrl-C: stopping after this step and saving the model and the log (Ctrl-C again to abort)",
+              file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,141 @@
+"""``python -m agents.train {dqn,ppo,sac}``: the RL commands (the :class:`agents.commands.Command` protocol)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from interference.activations import activation_arguments, activation_names
+
+from .config import ACT_ARGS, DEFAULT_ENV, resolve, run_tag
+
+__all__ = ["RLCommand", "COMMANDS"]
+
+_ACT_HELP = {
+    "d": "Elephant slope exponent d",
+    "h": "Elephant height h (initial value; learnable unless --no-learnable)",
+    "a": "Elephant half-width a (initial value; learnable unless --no-learnable)",
+    "learnable": "learn Elephant's h and a per unit (the paper's setting)",
+    "k": "group size of Maxout/LWTA, number of tiles of FTA",
+    "bound": "FTA tiles cover [-bound, bound]",
+    "eta": "FTA fuzziness (default: the tile width)",
+    "alpha": "ELU alpha",
+}
+
+_HELP = {
+    "dqn": "DQN (SB3) with a chosen activation; defaults: the paper's classic-control DQN, or its Atari DQN for ALE ids",
+    "ppo": "PPO (SB3) with a chosen activation in the actor and critic MLPs (or the Nature CNN's 512 layer)",
+    "sac": "SAC (SB3) with a chosen activation in the actor and both critics",
+}
+
+_EPILOG = """\
+Settings come from agents/hyperparams/{algo}.yml (`default`, `atari` for ALE ids, then the env's entry), then
+--config FILE, then flags; the resolved config is saved as RUN_DIR/config.yaml. Runs go to
+OUT/{algo}/ENV/ACT[/SETTINGS]/seedN/ (SETTINGS lists what differs from the defaults) with run.h5 (probes,
+episode returns, losses), config.yaml, model.zip and summary.json. Ctrl-C stops cleanly (model and log saved,
+exit status 130); a NaN loss stops the run with a message.
+
+examples:
+  python -m agents.train {algo} --env {env} --act elephant --seed 0
+  python -m agents.train {algo} --env {env} --act relu --match-width --lr 3e-4
+  python -m agents.train {algo} --env {env} --act fta --k 20 --bound 20 --probe gradcov,sparsity --probe-every 1000
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def _int(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    return int(value)  # accepts 5e4
+
+
+class RLCommand:
+    """One SB3 algorithm as an ``agents.train`` subcommand."""
+
+    def __init__(self, algo: str) -> None:
+        self.name = algo
+        self.help = _HELP[algo]
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        algo = self.name
+        parser.formatter_class = _Formatter
+        parser.epilog = _EPILOG.format(algo=algo, env=DEFAULT_ENV[algo])
+        S = argparse.SUPPRESS  # unset flags stay out of the values: the YAML files supply the defaults
+        g = parser.add_argument_group("environment and training")
+        g.add_argument("--env", default=S, metavar="ENV",
+                       help=f"Gymnasium id, Catcher-PLE-v0 / Pixelcopter-PLE-v0, or an Atari id such as ALE/Amidar-v5 "
+                            f"(default: {DEFAULT_ENV[algo]})")
+        g.add_argument("--steps", type=_int, default=S, metavar="N", help="env steps to train (default: per env)")
+        g.add_argument("--lr", type=float, default=S, metavar="X", help="learning rate (default: per env)")
+        if algo in ("dqn", "sac"):
+            g.add_argument("--buffer-size", dest="buffer_size", type=_int, default=S, metavar="N",
+                           help="replay buffer size in transitions (paper's classic study: 32 ... 10000)")
+        g.add_argument("--batch-size", dest="batch_size", type=_int, default=S, metavar="N", help="minibatch size")
+        g.add_argument("--seed", type=_int, default=S, metavar="N", help="random seed (default: 0)")
+        g.add_argument("--device", default=S, metavar="DEV",
+                       help="cpu, cuda, cuda:N or auto (default: cpu; small MLPs are fastest on CPU)")
+        g.add_argument("--threads", type=_int, default=S, metavar="N",
+                       help="torch threads (default: 1 for MLPs, torch's default for CNNs)")
+        g.add_argument("--config", default=S, metavar="FILE",
+                       help="YAML file of settings (same keys as a run's config.yaml); overrides the per-env defaults, "
+                            "flags override it")
+        g.add_argument("--set", action="append", default=S, metavar="KEY=VALUE",
+                       help="any other setting, e.g. --set target_update_interval=200 (repeatable; YAML values)")
+        g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=S,
+                       help="progress bar on stderr (default: when stderr is a terminal)")
+
+        a = parser.add_argument_group("network and activation")
+        a.add_argument("--act", default=S, metavar="ACT",
+                       help=f"hidden activation: {', '.join(activation_names())} (default: elephant)")
+        takes = {arg: [n for n in activation_names() if arg in activation_arguments(n)] for arg in ACT_ARGS}
+        for arg in ACT_ARGS:
+            text = f"{_ACT_HELP.get(arg, arg)} [{', '.join(takes[arg])}]"
+            if arg == "learnable":
+                a.add_argument(f"--{arg}", action=argparse.BooleanOptionalAction, default=S, help=text)
+            else:
+                a.add_argument(f"--{arg}", type=_int if arg == "k" else float, default=S, metavar="N" if arg == "k" else "X",
+                               help=text)
+        a.add_argument("--sigma-bias", dest="sigma_bias", type=float, default=S, metavar="X",
+                       help="spread hidden biases evenly over [-sqrt(3) X, sqrt(3) X] (default: per env for Elephant, "
+                            "zero biases for the others)")
+        a.add_argument("--ln", action=argparse.BooleanOptionalAction, default=S,
+                       help="LayerNorm before the activation (default: on for Elephant only)")
+        a.add_argument("--hidden", default=S, metavar="W[,W...]",
+                       help="hidden Linear widths, e.g. 1000 or 256,256 (with --match-width: the Elephant reference)")
+        a.add_argument("--match-width", dest="match_width", action=argparse.BooleanOptionalAction, default=S,
+                       help="pick the hidden width with the parameter count of the Elephant network of --hidden widths "
+                            "(e.g. ReLU ~1667 for Elephant 1000 on MountainCar)")
+
+        p = parser.add_argument_group("probes (logged to RUN_DIR/run.h5)")
+        p.add_argument("--probe", default=S, metavar="NAMES",
+                       help="comma-separated probes: gradcov, ntk, sparsity, weights, ... (episode returns and losses "
+                            "are always logged)")
+        p.add_argument("--probe-every", dest="probe_every", type=_int, default=S, metavar="N",
+                       help="env steps between probe records (default: a tenth of the run)")
+
+    def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return resolve(self.name, {k: v for k, v in values.items() if v is not None})
+
+    def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
+        path = Path(out) / self.name / config["env"].replace("/", "-") / config["act"]
+        tag = run_tag(config)
+        if tag:
+            path = path / tag
+        return path / f"seed{config['seed']}"
+
+    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+        from .run import train
+
+        return train(config, run_dir)
+
+
+COMMANDS: dict[str, RLCommand] = {algo: RLCommand(algo) for algo in ("dqn", "ppo", "sac")}

@@ -1,0 +1,561 @@
+"""Resolved, validated configs for the RL commands: per-env YAML hyper-parameters, ``--config`` files and flags.
+
+Resolution, later wins::
+
+    agents/hyperparams/<algo>.yml: `default` <- `atari` (ALE ids) <- the env's entry
+    <- --config FILE <- flags (and --set KEY=VALUE)
+
+A resolved config is a flat dict (written to the run's ``config.yaml``; such a file works as ``--config`` again):
+the keys of the YAML files (SB3 argument names where SB3 has one), with the chosen activation's defaults folded
+into ``act_kwargs``, ``sigma_bias`` and ``layer_norm``, and a ``derived`` entry (observation shape, action space,
+the hidden widths actually built) that is recomputed on every resolution and ignored in ``--config`` files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from gymnasium import spaces
+from stable_baselines3.common.preprocessing import is_image_space
+
+from agents.commands import ConfigError
+from interference.activations import activation_arguments, activation_names, make_activation
+from interference.nets import match_width
+
+from .envs import check_env_id, env_spaces, is_atari
+from .policies import cnn_flat_features
+
+__all__ = ["ALGOS", "ALIASES", "ACT_ARGS", "DEFAULT_ENV", "OPTIMIZERS", "resolve", "hyperparams", "run_tag",
+           "algo_kwargs", "RUNTIME_KEYS"]
+
+ALGOS = ("dqn", "ppo", "sac")
+DEFAULT_ENV = {"dqn": "MountainCar-v0", "ppo": "CartPole-v1", "sac": "Pendulum-v1"}
+OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
+
+#: flag names -> config keys
+ALIASES = {"lr": "learning_rate", "steps": "n_timesteps", "hidden": "net_arch", "ln": "layer_norm",
+           "threads": "torch_threads"}
+#: activation arguments settable as flags (--d, --a, --k, ...); they go into ``act_kwargs``
+ACT_ARGS = tuple(sorted({a for n in activation_names() for a in activation_arguments(n)} - {"num_units"}))
+#: keys that do not change what is trained: left out of the run directory name
+RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "torch_threads", "probe", "probe_every",
+                "probe_kwargs", "probe_inputs", "derived")
+
+
+# --- value checks ---------------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a number, not a bool")
+    if isinstance(value, str):
+        try:
+            value = float(value)  # PyYAML reads 1e-3 (no dot) as a string
+        except ValueError:
+            raise ValueError("a finite number") from None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError("a finite number")
+    return value
+
+
+def _int(lo: int | None = None, optional: bool = False) -> Callable[[Any], int | None]:
+    def check(value: Any) -> int | None:
+        if value is None and optional:
+            return None
+        v = _number(value)
+        if float(v) != int(v):
+            raise ValueError("an integer")
+        v = int(v)
+        if lo is not None and v < lo:
+            raise ValueError(f"an integer >= {lo}")
+        return v
+    return check
+
+
+def _float(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False,
+           optional: bool = False) -> Callable[[Any], float | None]:
+    def check(value: Any) -> float | None:
+        if value is None and optional:
+            return None
+        v = float(_number(value))
+        if lo is not None and (v < lo or (open_lo and v == lo)):
+            raise ValueError(f"a number {'>' if open_lo else '>='} {lo:g}")
+        if hi is not None and v > hi:
+            raise ValueError(f"a number <= {hi:g}")
+        return v
+    return check
+
+
+def _bool(optional: bool = False) -> Callable[[Any], bool | None]:
+    def check(value: Any) -> bool | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, bool):
+            raise ValueError("true or false")
+        return value
+    return check
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if str(value).lower() not in choices:
+            raise ValueError(f"one of {', '.join(choices)}")
+        return str(value).lower()
+    return check
+
+
+def _mapping(value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("a mapping")
+    return {str(k): v for k, v in value.items()}
+
+
+def _widths(value: Any) -> list[int]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, Sequence):
+        raise ValueError("a list of positive widths, e.g. [1000] or 256,256")
+    return [_int(1)(v) for v in value]
+
+
+def _net_arch(value: Any) -> list[int] | dict[str, list[int]]:
+    if isinstance(value, Mapping):
+        return {str(k): _widths(v) for k, v in value.items()}
+    return _widths(value)
+
+
+def _names(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise ValueError("a list of names, e.g. gradcov,ntk")
+    return list(dict.fromkeys(value))
+
+
+def _device(value: Any) -> str:
+    value = str(value)
+    if value == "auto":
+        return value
+    try:
+        dev = torch.device(value)
+    except RuntimeError:
+        raise ValueError("cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("a device this machine has (no CUDA device is available)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError("cpu, cuda, cuda:N or auto")
+    return value
+
+
+def _ent_coef(value: Any) -> str | float:
+    if isinstance(value, str) and value.startswith("auto"):
+        if value != "auto":
+            _float(0.0, open_lo=True)(value[5:])
+        return value
+    return _float(0.0)(value)
+
+
+def _target_entropy(value: Any) -> str | float:
+    return value if value == "auto" else _float()(value)
+
+
+_COMMON: dict[str, Callable[[Any], Any]] = {
+    "env": str, "seed": _int(0), "device": _device, "n_timesteps": _int(1),
+    "act": str, "act_kwargs": _mapping, "sigma_bias": _float(0.0, optional=True), "layer_norm": _bool(True),
+    "net_arch": _net_arch, "match_width": _bool(), "features_dim": _int(1), "activations": _mapping,
+    "learning_rate": _float(0.0, open_lo=True), "lr_schedule": _choice("constant", "linear"),
+    "optimizer": _choice(*OPTIMIZERS), "optimizer_kwargs": _mapping, "gamma": _float(0.0, 1.0),
+    "batch_size": _int(1), "max_grad_norm": _float(0.0, open_lo=True, optional=True),
+    "n_envs": _int(1), "max_episode_steps": _int(1, optional=True), "env_kwargs": _mapping,
+    "frame_stack": _int(1), "atari_wrapper_kwargs": _mapping, "policy_kwargs": _mapping,
+    "probe": _names, "probe_every": _int(1, optional=True), "probe_kwargs": _mapping, "probe_inputs": _int(1),
+    "torch_threads": _int(1, optional=True), "progress": _bool(True),
+}
+_ALGO: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "dqn": {
+        "buffer_size": _int(1), "learning_starts": _int(0), "train_freq": _int(1), "gradient_steps": _int(1),
+        "target_update_interval": _int(1), "exploration_initial_eps": _float(0.0, 1.0),
+        "exploration_final_eps": _float(0.0, 1.0), "exploration_steps": _int(0, optional=True),
+        "exploration_fraction": _float(0.0, 1.0, open_lo=True), "td_loss": _choice("mse", "huber"),
+        "n_steps": _int(1), "tau": _float(0.0, 1.0, open_lo=True),
+    },
+    "ppo": {
+        "n_steps": _int(2), "n_epochs": _int(1), "gae_lambda": _float(0.0, 1.0),
+        "clip_range": _float(0.0, open_lo=True), "ent_coef": _float(), "vf_coef": _float(0.0),
+        "normalize_advantage": _bool(), "target_kl": _float(0.0, open_lo=True, optional=True),
+    },
+    "sac": {
+        "buffer_size": _int(1), "learning_starts": _int(0), "tau": _float(0.0, 1.0, open_lo=True),
+        "train_freq": _int(1), "gradient_steps": _int(1), "ent_coef": _ent_coef,
+        "target_update_interval": _int(1), "target_entropy": _target_entropy,
+    },
+}
+#: config keys passed as they are to the SB3 algorithm's constructor
+_SB3_KEYS = {
+    "dqn": ("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
+            "n_steps", "target_update_interval", "exploration_fraction", "exploration_initial_eps",
+            "exploration_final_eps", "max_grad_norm", "td_loss", "exploration_steps"),
+    "ppo": ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "normalize_advantage",
+            "ent_coef", "vf_coef", "max_grad_norm", "target_kl"),
+    "sac": ("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
+            "ent_coef", "target_update_interval", "target_entropy"),
+}
+# PPO clips gradients with max_grad_norm and has no "none"
+_REQUIRED = {"ppo": ("max_grad_norm",)}
+
+
+def algo_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The SB3 constructor arguments of a resolved config."""
+    return {k: config[k] for k in _SB3_KEYS[config["algo"]] if k in config}
+
+
+def _checks(algo: str) -> dict[str, Callable[[Any], Any]]:
+    return {**_COMMON, **_ALGO[algo]}
+
+
+# --- YAML files -----------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def _hyperparams_text(algo: str) -> str:
+    return resources.files("agents").joinpath("hyperparams", f"{algo}.yml").read_text()
+
+
+def hyperparams(algo: str) -> dict[str, Any]:
+    """The per-env hyper-parameter table of ``algo`` (a fresh copy)."""
+    table = yaml.safe_load(_hyperparams_text(algo)) or {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"agents/hyperparams/{algo}.yml must map env ids to settings")
+    return table
+
+
+def _merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Later layers win; mappings merge key by key (one level deeper for ``activations``), lists replace; a layer
+    that switches ``optimizer`` drops the earlier ``optimizer_kwargs``."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        if "optimizer" in layer and str(layer["optimizer"]).lower() != str(out.get("optimizer", "")).lower():
+            out.pop("optimizer_kwargs", None)  # another optimizer: the previous one's arguments do not apply
+        for key, value in layer.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                if key == "activations":
+                    merged = dict(out[key])
+                    for act, args in value.items():
+                        merged[act] = {**(merged.get(act) or {}), **(args or {})}
+                    out[key] = merged
+                else:
+                    out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
+
+
+def _read_config_file(path: str | Path, algo: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of config keys")
+    data = {ALIASES.get(str(k), str(k)): v for k, v in data.items()}
+    if data.pop("algo", algo) != algo:
+        raise ConfigError(f"config file {path} is for another algorithm than {algo!r}")
+    data.pop("derived", None)
+    unknown = sorted(set(data) - set(_checks(algo)))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown keys {unknown}; {algo} takes {', '.join(sorted(_checks(algo)))}")
+    return data
+
+
+def _split_flags(algo: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """Flag (or grid entry) values -> (config keys, activation arguments, --config path)."""
+    config: dict[str, Any] = {}
+    act_args: dict[str, Any] = {}
+    path = None
+    for key, value in values.items():
+        key = ALIASES.get(key, key)
+        if key == "config":
+            path = value
+        elif key == "set":
+            for item in [value] if isinstance(value, str) else value:
+                name, sep, raw = str(item).partition("=")
+                if not sep or not name:
+                    raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+                name = ALIASES.get(name.strip(), name.strip())
+                config[name] = yaml.safe_load(raw)
+        elif key in ACT_ARGS:
+            act_args[key] = value
+        else:
+            config[key] = value
+    for name in list(config):
+        if name in ACT_ARGS:  # --set d=8
+            act_args[name] = config.pop(name)
+    unknown = sorted(set(config) - set(_checks(algo)))
+    if unknown:
+        raise ConfigError(f"unknown {algo} settings {unknown}; {algo} takes {', '.join(sorted(_checks(algo)))} "
+                          f"and the activation arguments {', '.join(ACT_ARGS)}")
+    return config, act_args, path
+
+
+# --- resolution -----------------------------------------------------------------------------------------
+
+
+def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A complete, validated config for ``algo`` from flag values or a grid entry; raises :class:`ConfigError`."""
+    if algo not in ALGOS:
+        raise ConfigError(f"unknown algorithm {algo!r}; choose from {', '.join(ALGOS)}")
+    flags, act_flags, path = _split_flags(algo, values)
+    from_file = _read_config_file(path, algo) if path is not None else {}
+    env = str(flags.get("env", from_file.get("env", DEFAULT_ENV[algo])))
+    if (msg := check_env_id(env)) is not None:
+        raise ConfigError(msg)
+    table = hyperparams(algo)
+    names = ["default", *(["atari"] if is_atari(env) else []), env]
+    layers = [table.get(name) or {} for name in names]
+    for name, layer in zip(names, layers):
+        unknown = sorted(set(layer) - set(_checks(algo)))
+        if unknown:
+            raise ConfigError(f"agents/hyperparams/{algo}.yml entry {name!r}: unknown keys {unknown}")
+    merged = _merge(*layers, from_file, flags)
+    merged["env"] = env
+
+    checks = _checks(algo)
+    config: dict[str, Any] = {}
+    for key, value in merged.items():
+        try:
+            config[key] = checks[key](value)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{key} must be {err}, got {value!r}") from None
+    for key in _REQUIRED.get(algo, ()):
+        if config.get(key) is None:
+            raise ConfigError(f"{algo} needs {key}")
+
+    _resolve_activation(config, act_flags, from_file, flags)
+    config.pop("activations", None)
+    _resolve_probes(config)
+    config.setdefault("seed", 0)
+    config.setdefault("device", "cpu")
+    config.setdefault("probe_inputs", 32)
+    config.setdefault("torch_threads", None)
+    config.setdefault("progress", None)
+    config["optimizer_kwargs"] = _check_optimizer(config)
+    config["derived"] = _derive(algo, config)
+    return _ordered(algo, config)
+
+
+def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], from_file: Mapping[str, Any],
+                        flags: Mapping[str, Any]) -> None:
+    act = str(config.get("act", "relu")).lower()
+    if act not in activation_names():
+        raise ConfigError(f"unknown activation {config.get('act')!r}; choose one of {', '.join(activation_names())}")
+    table = _mapping((config.get("activations") or {}).get(act))
+    table_sigma, table_ln = table.pop("sigma_bias", None), table.pop("layer_norm", None)
+    act_kwargs = {**table, **_mapping(config.get("act_kwargs")), **act_flags}
+    if "num_units" in act_kwargs:
+        raise ConfigError("num_units is set from the layer width; leave it out")
+    allowed = set(activation_arguments(act)) - {"num_units"}
+    unknown = sorted(set(act_kwargs) - allowed)
+    if unknown:
+        takes = ", ".join(sorted(allowed)) if allowed else "no arguments"
+        raise ConfigError(f"activation {act!r} does not take {', '.join(unknown)}; it takes {takes}")
+    try:
+        make_activation(act, **act_kwargs, **({"num_units": 1} if act == "elephant" else {}))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"activation {act!r}: {err}") from None
+    given = {**from_file, **flags}  # explicit settings beat the activation's table, which beats the YAML entry
+    sigma = config.get("sigma_bias") if "sigma_bias" in given or table_sigma is None else table_sigma
+    if sigma is None and act == "elephant":
+        sigma = 0.4  # interference.nets' default for Elephant
+    ln = config.get("layer_norm") if "layer_norm" in given or table_ln is None else table_ln
+    config["act"] = act
+    config["act_kwargs"] = act_kwargs
+    config["sigma_bias"] = _float(0.0, optional=True)(sigma)
+    config["layer_norm"] = (act == "elephant") if ln is None else _bool()(ln)
+
+
+def _resolve_probes(config: dict[str, Any]) -> None:
+    from probes import PROBES, make_probe
+
+    names = config.get("probe") or []
+    unknown = [n for n in names if n not in PROBES]
+    if unknown:
+        raise ConfigError(f"unknown probe {', '.join(unknown)}; choose from {', '.join(sorted(PROBES))}")
+    kwargs = config.get("probe_kwargs") or {}
+    extra = sorted(set(kwargs) - set(PROBES))
+    if extra:
+        raise ConfigError(f"probe_kwargs names unknown probes {extra}; choose from {', '.join(sorted(PROBES))}")
+    every = config.get("probe_every")
+    if every is None:
+        every = max(1, config["n_timesteps"] // 10)  # ten records per run
+    for name in names:
+        try:
+            make_probe(name, every=every, **_mapping(kwargs.get(name)))
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"probe {name!r}: {err}") from None
+    config["probe"] = names
+    config["probe_every"] = every
+    config["probe_kwargs"] = {k: _mapping(v) for k, v in kwargs.items()}
+
+
+def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs = _mapping(config.get("optimizer_kwargs"))
+    name = config.get("optimizer", "adam")
+    try:
+        OPTIMIZERS[name]([torch.zeros(1, requires_grad=True)], lr=1e-3, **kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"optimizer {name!r} with {kwargs}: {err}") from None
+    return kwargs
+
+
+def _match(act: str, act_kwargs: Mapping[str, Any], in_features: int, out_features: int,
+           widths: Sequence[int]) -> list[int]:
+    if not widths or act == "elephant":
+        return list(widths)
+    if len(set(widths)) != 1:
+        raise ConfigError(f"match_width needs equal hidden widths (the Elephant reference), got {list(widths)}")
+    try:
+        w = match_width(act, in_features, out_features, reference=("elephant", widths[0]), depth=len(widths),
+                        act_kwargs=act_kwargs)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"match_width for {act!r}: {err}") from None
+    return [w] * len(widths)
+
+
+def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Spaces and the hidden widths actually built (width matching by parameter count when asked)."""
+    env_kw = {k: config[k] for k in ("env_kwargs", "max_episode_steps", "frame_stack", "atari_wrapper_kwargs")
+              if k in config}
+    try:
+        obs_space, action_space = env_spaces(config["env"], **env_kw)
+    except Exception as err:  # noqa: BLE001  (gym raises many kinds for bad env kwargs)
+        raise ConfigError(f"cannot create {config['env']} with {env_kw}: {type(err).__name__}: {err}") from None
+    if algo == "dqn" and not isinstance(action_space, spaces.Discrete):
+        raise ConfigError(f"dqn needs discrete actions; {config['env']} has {action_space}")
+    if algo == "sac" and not isinstance(action_space, spaces.Box):
+        raise ConfigError(f"sac needs continuous (Box) actions; {config['env']} has {action_space}")
+    if algo == "ppo" and not isinstance(action_space, (spaces.Discrete, spaces.Box)):
+        raise ConfigError(f"ppo here supports Discrete and Box actions; {config['env']} has {action_space}")
+    cnn = is_image_space(obs_space, check_channels=False)
+    act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
+    n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))
+    arch = config.get("net_arch", [])
+    derived: dict[str, Any] = {
+        "observation_shape": [int(s) for s in obs_space.shape],
+        "action_space": f"Discrete({n_out})" if isinstance(action_space, spaces.Discrete) else f"Box({n_out})",
+        "cnn": bool(cnn),
+    }
+    if cnn:
+        features = config.setdefault("features_dim", 512)
+        n_flat = cnn_flat_features(obs_space.shape)
+        feat = _match(act, act_kwargs, n_flat, n_out, [features]) if match else [features]
+        derived["features"] = feat[0]
+        try:
+            feature_out = _out_width(act, act_kwargs, feat[0])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        in_features = feature_out
+    else:
+        in_features = int(math.prod(obs_space.shape))
+    if isinstance(arch, Mapping):
+        if algo == "dqn":
+            raise ConfigError("dqn takes net_arch as a list of widths")
+        roles = {r: list(arch.get(r, [])) for r in (("pi", "vf") if algo == "ppo" else ("pi", "qf"))}
+    else:
+        roles = {r: list(arch) for r in {"dqn": ("q",), "ppo": ("pi", "vf"), "sac": ("pi", "qf")}[algo]}
+    outs = {"q": (in_features, n_out), "pi": (in_features, n_out if algo == "ppo" else 2 * n_out),
+            "vf": (in_features, 1), "qf": (in_features + n_out, 1)}
+    hidden = {}
+    for role, widths in roles.items():
+        hidden[role] = _match(act, act_kwargs, *outs[role], widths) if match else widths
+        width = outs[role][0]
+        try:
+            for w in hidden[role]:
+                width = _out_width(act, act_kwargs, w)
+        except ValueError as err:
+            raise ConfigError(f"net_arch {hidden[role]} with {act}: {err}") from None
+    derived["hidden"] = hidden
+    return derived
+
+
+def _out_width(act: str, act_kwargs: Mapping[str, Any], width: int) -> int:
+    from interference.activations import output_width
+
+    module = make_activation(act, **act_kwargs, **({"num_units": width} if act == "elephant" else {}))
+    return output_width(module, width)
+
+
+_ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm", "net_arch", "match_width",
+          "features_dim", "n_timesteps", "learning_rate", "lr_schedule", "optimizer", "optimizer_kwargs")
+_TAIL = ("n_envs", "max_episode_steps", "env_kwargs", "frame_stack", "atari_wrapper_kwargs", "policy_kwargs",
+         "probe", "probe_every", "probe_kwargs", "probe_inputs", "device", "torch_threads", "progress", "derived")
+
+
+def _ordered(algo: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    config = {"algo": algo, **config}
+    head = [k for k in _ORDER if k in config]
+    tail = [k for k in _TAIL if k in config]
+    middle = sorted(k for k in config if k not in head and k not in tail)
+    return {k: config[k] for k in (*head, *middle, *tail)}
+
+
+# --- run directory names --------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, float):
+        return format(value, "g")
+    if isinstance(value, (list, tuple)):
+        return "-".join(_fmt(v) for v in value) or "none"
+    if isinstance(value, Mapping):
+        return "+".join(f"{k}{_fmt(v)}" for k, v in sorted(value.items())) or "none"
+    return str(value).replace("/", "-")
+
+
+@lru_cache(maxsize=256)
+def _defaults(algo: str, env: str, act: str) -> dict[str, Any]:
+    return resolve(algo, {"env": env, "act": act})
+
+
+def run_tag(config: Mapping[str, Any]) -> str:
+    """The settings of ``config`` that differ from its env's and activation's defaults, as a folder name
+    (``""`` for the defaults), e.g. ``buffer_size=1000,learning_rate=0.0003``."""
+    defaults = _defaults(config["algo"], config["env"], config["act"])
+    parts = []
+    for key in sorted(set(config) | set(defaults)):
+        if key in RUNTIME_KEYS:
+            continue
+        mine, theirs = config.get(key), defaults.get(key)
+        if mine == theirs:
+            continue
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            prefix = "" if key == "act_kwargs" else f"{key}."
+            for sub in sorted(set(mine) | set(theirs)):
+                if mine.get(sub) != theirs.get(sub):
+                    parts.append(f"{prefix}{sub}={_fmt(mine.get(sub))}")
+        else:
+            parts.append(f"{key}={_fmt(mine)}")
+    tag = ",".join(parts)
+    if len(tag) > 120:
+        import hashlib
+
+        tag = tag[:100] + "," + hashlib.sha1(tag.encode()).hexdigest()[:10]
+    return tag

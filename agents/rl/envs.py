@@ -1,0 +1,102 @@
+"""Environments for the RL commands: Gymnasium ids, the PLE ports and ALE Atari games.
+
+* Gymnasium ids (``MountainCar-v0``, ``CartPole-v1``, ...) and the PLE ports (``Catcher-PLE-v0``,
+  ``Pixelcopter-PLE-v0``, registered by :mod:`agents.envs`) are wrapped in SB3's ``Monitor``; ``max_episode_steps``
+  replaces the registered time limit.
+* ALE ids (``ALE/Amidar-v5``, ``AmidarNoFrameskip-v4``, ...) use ale-py's bundled ROMs and SB3's Atari pre-processing
+  (``AtariWrapper``: no-op reset, frame skip 4 with max-pooling, 84x84 grey frames, life loss as episode end,
+  reward clipping; OpenCV does the frame warp) plus
+  ``VecFrameStack``. v5 ids skip frames themselves, so they are created with
+  ``frameskip=1`` and the skipping is left to the wrapper (frames are never skipped twice). Episode returns come
+  from the ``Monitor`` under the wrappers, i.e. the unclipped score of a whole game.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import ale_py
+import gymnasium as gym
+from gymnasium import spaces
+from stable_baselines3.common.atari_wrappers import AtariWrapper
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+from stable_baselines3.common.vec_env import VecEnv, VecFrameStack, VecTransposeImage
+
+import agents.envs  # noqa: F401  (registers Catcher-PLE-v0 and Pixelcopter-PLE-v0)
+
+gym.register_envs(ale_py)
+
+__all__ = ["is_atari", "check_env_id", "make_env", "env_spaces"]
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is an ALE game (``ALE/...-v5`` or the legacy ``...-v4`` ids)."""
+    spec = gym.registry.get(env_id)
+    entry = getattr(spec, "entry_point", None)
+    return isinstance(entry, str) and entry.startswith("ale_py")
+
+
+def check_env_id(env_id: str) -> str | None:
+    """``None`` if ``env_id`` is registered, else a message with close matches."""
+    if env_id in gym.registry:
+        return None
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return (f"unknown environment {env_id!r}{hint} (Gymnasium ids such as MountainCar-v0, the PLE ports "
+            f"Catcher-PLE-v0 and Pixelcopter-PLE-v0, or Atari ids such as ALE/Amidar-v5)")
+
+
+def _atari_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs = dict(env_kwargs)
+    spec = gym.spec(env_id)
+    if spec.kwargs.get("frameskip", 1) != 1:  # v5 ids skip 4 frames themselves; AtariWrapper skips instead
+        kwargs.setdefault("frameskip", 1)
+    if kwargs.get("frameskip", 1) != 1:
+        raise ValueError(f"{env_id}: frameskip={kwargs['frameskip']} would skip frames twice; SB3's AtariWrapper "
+                         f"skips frames (set atari_wrapper_kwargs.frame_skip instead)")
+    return kwargs
+
+
+def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwargs: Mapping[str, Any] | None = None,
+             max_episode_steps: int | None = None, frame_stack: int = 4,
+             atari_wrapper_kwargs: Mapping[str, Any] | None = None) -> VecEnv:
+    """A monitored ``VecEnv`` of ``n_envs`` copies of ``env_id`` (Atari: pre-processed and frame-stacked)."""
+    kwargs = dict(env_kwargs or {})
+    if max_episode_steps is not None:
+        kwargs["max_episode_steps"] = int(max_episode_steps)
+    if is_atari(env_id):
+        # what SB3's make_atari_env does, with our env kwargs (frameskip=1 for v5 ids)
+        venv = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=_atari_env_kwargs(env_id, kwargs),
+                            wrapper_class=AtariWrapper, wrapper_kwargs=dict(atari_wrapper_kwargs or {}))
+        return VecFrameStack(venv, n_stack=frame_stack) if frame_stack and frame_stack > 1 else venv
+    return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=kwargs)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def env_spaces(env_id: str, **kwargs: Any) -> tuple[spaces.Space, spaces.Space]:
+    """Observation and action spaces the agent sees (images channel-first, as SB3 transposes them)."""
+    return _env_spaces(env_id, _freeze(kwargs))
+
+
+@lru_cache(maxsize=64)
+def _env_spaces(env_id: str, frozen: tuple) -> tuple[spaces.Space, spaces.Space]:
+    kwargs = {k: (dict(v) if isinstance(v, tuple) and k.endswith("kwargs") else v) for k, v in frozen}
+    venv = make_env(env_id, n_envs=1, **kwargs)
+    try:
+        obs, act = venv.observation_space, venv.action_space
+    finally:
+        venv.close()
+    if is_image_space(obs, check_channels=False) and not is_image_space_channels_first(obs):
+        obs = VecTransposeImage.transpose_space(obs)
+    return obs, act

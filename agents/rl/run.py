@@ -1,0 +1,160 @@
+"""Build an SB3 agent from a resolved config and train it into a run directory.
+
+A run directory holds ``config.yaml`` (the resolved config, written first), ``run.h5`` (the
+:class:`probes.sb3.ProbeCallback` log: probes, episode returns and lengths, losses; always written),
+``model.zip`` (``model.save``; load with ``PaperDQN.load`` / ``PPO.load`` / ``SAC.load``) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from stable_baselines3 import PPO, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import CallbackList
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import VecEnv
+
+from interference.nets import count_parameters
+from probes import make_probe
+from probes.sb3 import ProbeCallback
+
+from .callbacks import RunCallback, final_return, stop_on_sigint
+from .config import OPTIMIZERS, algo_kwargs
+from .dqn import PaperDQN
+from .envs import make_env
+from .policies import ActActorCriticPolicy, ActDQNPolicy, ActNatureCNN, ActSACPolicy
+
+__all__ = ["ALGORITHMS", "POLICIES", "build_env", "build_model", "online_parameters", "train", "RUN_FILES"]
+
+ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"dqn": PaperDQN, "ppo": PPO, "sac": SAC}
+POLICIES = {"dqn": ActDQNPolicy, "ppo": ActActorCriticPolicy, "sac": ActSACPolicy}
+RUN_FILES = ("run.h5", "model.zip", "summary.json")
+
+
+def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
+    """The training ``VecEnv`` of a resolved config."""
+    return make_env(config["env"], n_envs=config.get("n_envs", 1), seed=config["seed"] if seed is None else seed,
+                    env_kwargs=config.get("env_kwargs"), max_episode_steps=config.get("max_episode_steps"),
+                    frame_stack=config.get("frame_stack", 4), atari_wrapper_kwargs=config.get("atari_wrapper_kwargs"))
+
+
+def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """SB3 ``policy_kwargs`` of a resolved config (activation, widths, optimizer, features extractor)."""
+    derived = config["derived"]
+    spec = {"activation": config["act"], "act_kwargs": dict(config["act_kwargs"]),
+            "layer_norm": config["layer_norm"], "sigma_bias": config["sigma_bias"]}
+    kwargs: dict[str, Any] = {**dict(config.get("policy_kwargs") or {}), **spec,
+                              "optimizer_class": OPTIMIZERS[config["optimizer"]],
+                              "optimizer_kwargs": dict(config["optimizer_kwargs"])}
+    if derived["cnn"]:
+        kwargs["features_extractor_class"] = ActNatureCNN
+        kwargs["features_extractor_kwargs"] = {"features_dim": derived["features"], **spec}
+    hidden = derived["hidden"]
+    kwargs["net_arch"] = hidden["q"] if config["algo"] == "dqn" else dict(hidden)
+    return kwargs
+
+
+def build_model(config: Mapping[str, Any], env: VecEnv | None = None) -> BaseAlgorithm:
+    """The SB3 algorithm of a resolved config (``env`` defaults to :func:`build_env`)."""
+    algo = config["algo"]
+    lr = config["learning_rate"]
+    schedule = LinearSchedule(lr, 0.0, 1.0) if config.get("lr_schedule") == "linear" else lr
+    return ALGORITHMS[algo](POLICIES[algo], build_env(config) if env is None else env, learning_rate=schedule,
+                            policy_kwargs=policy_kwargs(config), seed=config["seed"], device=config["device"],
+                            verbose=0, **algo_kwargs(config))
+
+
+def online_parameters(model: BaseAlgorithm) -> int:
+    """Trainable parameters of the networks being trained (targets excluded)."""
+    if isinstance(model, PaperDQN):
+        return count_parameters(model.q_net)
+    if isinstance(model, SAC):
+        return count_parameters(model.actor) + count_parameters(model.critic)
+    return count_parameters(model.policy)
+
+
+def _plain(value: Any) -> Any:
+    """JSON/YAML-safe copy (tuples -> lists)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
+    """Train the agent of ``config`` into ``run_dir``; returns the run's summary.
+
+    Ctrl-C stops after the current step, saves the model and the log, then exits with status 130. A non-finite
+    loss stops the run with a message on stderr; the summary's ``status`` is then ``"nan"``.
+    """
+    config = _plain(config)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stale = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if stale:
+        print(f"{run_dir}: replacing the files of an earlier run ({', '.join(stale)})", file=sys.stderr)
+        for name in stale:
+            (run_dir / name).unlink()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    threads = config.get("torch_threads")
+    if threads is None and not config["derived"]["cnn"]:
+        threads = 1  # small networks: one thread is fastest and leaves cores to other runs
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+    progress = config.get("progress")
+    if progress is None:
+        import multiprocessing
+
+        progress = sys.stderr.isatty() and multiprocessing.parent_process() is None
+    env = build_env(config)
+    model = build_model(config, env)
+    probes = [make_probe(name, every=config["probe_every"], **config["probe_kwargs"].get(name, {}))
+              for name in config["probe"]]
+    log_config = {k: v for k, v in config.items() if k != "progress"}
+    probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
+                             n_inputs=config["probe_inputs"])
+    steps = config["n_timesteps"]
+    run_cb = RunCallback(steps, probe_callback=probe_cb, progress=progress, loss_every=max(1, steps // 100),
+                         desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
+    try:
+        with stop_on_sigint(run_cb):
+            model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
+    finally:
+        if probe_cb.runner is not None:  # learn raised: close the log so that it stays readable
+            probe_cb.runner.close()
+            probe_cb.runner = None
+        if run_cb.bar is not None:
+            run_cb.bar.close()
+    model.save(run_dir / "model.zip")
+    env.close()
+
+    status = run_cb.stop_reason or "finished"
+    wall = run_cb.wall_seconds
+    summary = {
+        "status": status,
+        "steps": int(model.num_timesteps),
+        "episodes": len(run_cb.returns),
+        "final_return": final_return(run_cb.returns),
+        "steps_per_second": model.num_timesteps / wall if wall > 0 else math.nan,
+        "wall_seconds": wall,
+        "parameters": online_parameters(model),
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if status == "interrupted":
+        print(f"{run_cb.stop_message}; model and log saved in {run_dir}", file=sys.stderr)
+        raise SystemExit(130)
+    if status == "nan":
+        print(f"error: {run_cb.stop_message}; the log and model so far are in {run_dir}", file=sys.stderr)
+    return summary

@@ -1,0 +1,262 @@
+"""``python -m agents.train {dqn,ppo,sac}``: config resolution, errors, run directories, tiny training runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from agents.commands import ConfigError, get_command
+from agents.grid import load_grid, plan
+from agents.rl.config import hyperparams, resolve
+from agents.train import main
+from probes import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _train(args: list[str]) -> dict:
+    """Run the CLI in this process; returns the printed summary."""
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(args) == 0
+    return json.loads(buf.getvalue())
+
+
+def _error(capsys, args: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+# --- configuration ------------------------------------------------------------------------------------------
+
+
+def test_yaml_defaults_are_the_papers_classic_dqn():
+    c = resolve("dqn", {"env": "MountainCar-v0"})
+    assert c["act"] == "elephant" and c["act_kwargs"] == {"d": 4, "h": 1, "a": 0.2}
+    assert c["sigma_bias"] == 0.4 and c["layer_norm"] is True and c["net_arch"] == [1000]
+    assert (c["td_loss"], c["max_grad_norm"], c["optimizer"], c["optimizer_kwargs"]["alpha"]) == ("mse", None, "rmsprop", 0.999)
+    assert (c["batch_size"], c["train_freq"], c["gradient_steps"], c["gamma"]) == (32, 1, 1, 0.99)
+    assert (c["learning_starts"], c["exploration_steps"], c["exploration_final_eps"]) == (1000, 1000, 0.01)
+    assert (c["target_update_interval"], c["buffer_size"]) == (100, 10000)
+    assert (c["n_timesteps"], c["max_episode_steps"]) == (50000, 1000)
+    per_env = {env: resolve("dqn", {"env": env}) for env in ("Acrobot-v1", "Catcher-PLE-v0", "Pixelcopter-PLE-v0")}
+    assert per_env["Acrobot-v1"]["n_timesteps"] == 30000
+    assert (per_env["Catcher-PLE-v0"]["n_timesteps"], per_env["Catcher-PLE-v0"]["max_episode_steps"],
+            per_env["Catcher-PLE-v0"]["target_update_interval"]) == (500000, 2000, 200)
+    assert (per_env["Pixelcopter-PLE-v0"]["n_timesteps"], per_env["Pixelcopter-PLE-v0"]["max_episode_steps"],
+            per_env["Pixelcopter-PLE-v0"]["target_update_interval"]) == (1000000, 500, 100)
+    assert set(hyperparams("dqn")) >= {"default", "atari", "MountainCar-v0", "Acrobot-v1", "Catcher-PLE-v0",
+                                       "Pixelcopter-PLE-v0"}
+
+
+def test_atari_defaults():
+    c = resolve("dqn", {"env": "ALE/Amidar-v5", "act": "elephant"})
+    assert c["act_kwargs"] == {"d": 4, "h": 1, "a": 0.1} and c["sigma_bias"] == 2.0
+    assert (c["optimizer"], c["learning_rate"], c["optimizer_kwargs"]) == ("adam", 1e-4, {})
+    assert c["derived"]["cnn"] and c["derived"]["observation_shape"] == [4, 84, 84]
+    assert c["derived"]["features"] == 512 and c["derived"]["hidden"] == {"q": []}
+    assert c["env_kwargs"]["repeat_action_probability"] == 0.0
+
+
+def test_flags_override_yaml_and_config_file(tmp_path):
+    cmd = get_command("dqn")
+    c = cmd.make_config({"env": "Acrobot-v1", "lr": 3e-4, "buffer_size": 300, "steps": 1234, "act": "relu"})
+    assert (c["learning_rate"], c["buffer_size"], c["n_timesteps"], c["act"]) == (3e-4, 300, 1234, "relu")
+    assert c["target_update_interval"] == 100  # untouched YAML value
+    cfg = tmp_path / "my.yml"
+    cfg.write_text("learning_rate: 1e-4\ntarget_update_interval: 250\nact_kwargs: {a: 0.3}\nbuffer_size: 32\n")
+    c = cmd.make_config({"config": str(cfg)})
+    assert (c["learning_rate"], c["target_update_interval"], c["buffer_size"]) == (1e-4, 250, 32)
+    assert c["act_kwargs"] == {"d": 4, "h": 1, "a": 0.3}
+    c = cmd.make_config({"config": str(cfg), "lr": 1e-2, "a": 0.5, "set": ["target_update_interval=7", "d=8"]})
+    assert (c["learning_rate"], c["target_update_interval"]) == (1e-2, 7)
+    assert c["act_kwargs"] == {"d": 8, "h": 1, "a": 0.5}
+    # a run's config.yaml works as --config and resolves to the same config
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(c))
+    assert cmd.make_config({"config": str(saved)}) == c
+
+
+def test_run_directories():
+    cmd = get_command("dqn")
+    out = Path("OUT")
+    c = cmd.make_config({"env": "MountainCar-v0", "act": "elephant", "seed": 3})
+    assert cmd.run_dir(c, out) == out / "dqn" / "MountainCar-v0" / "elephant" / "seed3"
+    c = cmd.make_config({"env": "MountainCar-v0", "act": "relu", "lr": 3e-4, "buffer_size": 32, "probe": "gradcov"})
+    assert cmd.run_dir(c, out) == out / "dqn" / "MountainCar-v0" / "relu" / "buffer_size=32,learning_rate=0.0003" / "seed0"
+    c = cmd.make_config({"env": "ALE/Amidar-v5", "act": "elephant", "a": 0.2})
+    assert cmd.run_dir(c, out) == out / "dqn" / "ALE-Amidar-v5" / "elephant" / "a=0.2" / "seed0"
+
+
+def test_classic_grid_plans_unique_runs(tmp_path):
+    runs = plan(load_grid(ROOT / "agents" / "grids" / "classic.yml"), tmp_path)
+    assert len(runs) == 2 * 2 * 3 * 3 * 3
+    assert len({r.run_dir for r in runs}) == len(runs)
+    envs = {r.config["env"] for r in runs}
+    assert envs == {"MountainCar-v0", "Acrobot-v1"}
+    assert {r.config["buffer_size"] for r in runs} == {32, 1000, 10000}
+    assert {r.config["act"] for r in runs} == {"elephant", "relu"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dqn", "--env", "NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
+    (["dqn", "--act", "swish"], "unknown activation 'swish'; choose one of"),
+    (["dqn", "--act", "relu", "--d", "4"], "activation 'relu' does not take d; it takes no arguments"),
+    (["dqn", "--act", "maxout", "--a", "0.1"], "activation 'maxout' does not take a; it takes k"),
+    (["dqn", "--lr", "-0.001"], "learning_rate must be a number > 0, got -0.001"),
+    (["dqn", "--steps", "-5"], "n_timesteps must be an integer >= 1, got -5"),
+    (["dqn", "--buffer-size", "0"], "buffer_size must be an integer >= 1"),
+    (["dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions"),
+    (["sac", "--env", "CartPole-v1"], "sac needs continuous (Box) actions"),
+    (["ppo", "--lr", "0"], "learning_rate must be a number > 0"),
+    (["dqn", "--probe", "gradcov,bogus"], "unknown probe bogus"),
+    (["dqn", "--set", "no_such_key=1"], "unknown dqn settings ['no_such_key']"),
+    (["dqn", "--config", "/nonexistent/c.yml"], "cannot read config file /nonexistent/c.yml"),
+    (["dqn", "--act", "elephant", "--a", "-1"], "a must be a positive finite number"),
+])
+def test_config_errors_exit_2_with_a_message(capsys, tmp_path, args, message):
+    err = _error(capsys, [*args, "--out", str(tmp_path)])
+    assert message in err
+    assert "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing was run
+
+
+def test_cli_error_exit_code_in_a_subprocess(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--act", "relu", "--k", "5", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "activation 'relu' does not take k" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- training runs ------------------------------------------------------------------------------------------
+
+
+def _check_run(run_dir: Path, steps: int) -> dict:
+    for name in ("run.h5", "config.yaml", "model.zip", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    run = read_run(run_dir / "run.h5")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert run.config["algo"] == config["algo"] and run.config["act"] == config["act"]
+    assert run.seed == config["seed"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["status"] == "finished"
+    return {"run": run, "config": config, "summary": summary}
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_tiny_dqn_run_with_probes(tmp_path, act):
+    summary = _train(["dqn", "--env", "CartPole-v1", "--act", act, "--hidden", "64", "--steps", "400",
+                      "--set", "learning_starts=100", "--set", "exploration_steps=100",
+                      "--probe", "gradcov,sparsity,weights", "--probe-every", "200", "--out", str(tmp_path)])
+    tag = "exploration_steps=100,learning_starts=100,n_timesteps=400,net_arch=64"
+    run_dir = tmp_path / "dqn" / "CartPole-v1" / act / tag / "seed0"
+    assert summary["run_dir"] == str(run_dir)
+    r = _check_run(run_dir, 400)
+    run = r["run"]
+    assert len(run.scalars["episode_return"][1]) == summary["episodes"] > 0
+    assert len(run.scalars["loss"][1]) > 0 and np.all(np.isfinite(run.scalars["loss"][1]))
+    assert list(run.probes["gradcov"]["step"]) == [200, 400]
+    td = run.probes["gradcov"]["td"]
+    assert td.shape == (2, 32, 32)
+    np.testing.assert_allclose(np.diagonal(td, axis1=1, axis2=2), 1.0, atol=1e-4)
+    assert summary["final_return"] == pytest.approx(np.mean(run.scalars["episode_return"][1][-max(1, int(np.ceil(0.1 * summary["episodes"]))):]))
+
+
+def test_run_without_probes_still_logs_episode_returns(tmp_path):
+    summary = _train(["dqn", "--env", "CartPole-v1", "--act", "elephant", "--hidden", "32", "--steps", "300",
+                      "--set", "learning_starts=50", "--out", str(tmp_path)])
+    r = _check_run(Path(summary["run_dir"]), 300)
+    assert len(r["run"].scalars["episode_return"][1]) == summary["episodes"] > 0
+    assert r["run"].probes.keys() <= {"inputs"}
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_tiny_ppo_run(tmp_path, act):
+    summary = _train(["ppo", "--env", "CartPole-v1", "--act", act, "--hidden", "32", "--steps", "512",
+                      "--set", "n_envs=1", "--set", "n_steps=256", "--set", "n_epochs=2", "--batch-size", "64",
+                      "--probe", "gradcov", "--probe-every", "256", "--out", str(tmp_path)])
+    r = _check_run(Path(summary["run_dir"]), 512)
+    assert set(r["run"].probes["gradcov"]) >= {"actor", "critic"}
+    assert len(r["run"].scalars["episode_return"][1]) > 0
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_tiny_sac_run(tmp_path, act):
+    summary = _train(["sac", "--env", "Pendulum-v1", "--act", act, "--hidden", "32,32", "--steps", "400",
+                      "--set", "learning_starts=100", "--batch-size", "64", "--out", str(tmp_path)])
+    r = _check_run(Path(summary["run_dir"]), 400)
+    assert len(r["run"].scalars["episode_return"][1]) == 2  # Pendulum episodes last 200 steps
+    assert np.all(np.isfinite(r["run"].scalars["critic_loss"][1]))
+
+
+@pytest.mark.filterwarnings("ignore:`n_steps=3` is ignored")  # SB3 warns on load; the buffer keeps n_steps
+def test_atari_dqn_elephant_with_gradcov_probe(tmp_path):
+    """The user's command: python -m agents.train dqn --env ALE/Amidar-v5 --act elephant --probe gradcov."""
+    summary = _train(["dqn", "--env", "ALE/Amidar-v5", "--act", "elephant", "--probe", "gradcov", "--steps", "300",
+                      "--out", str(tmp_path)])
+    run_dir = tmp_path / "dqn" / "ALE-Amidar-v5" / "elephant" / "n_timesteps=300" / "seed0"
+    assert summary["run_dir"] == str(run_dir)
+    r = _check_run(run_dir, 300)
+    gradcov = r["run"].probes["gradcov"]
+    assert len(gradcov["step"]) == 10 and gradcov["td"].shape[1:] == (32, 32)  # every 30 steps (a tenth)
+    assert r["config"]["derived"]["cnn"]
+    from agents.rl.dqn import PaperDQN
+    from interference.activations import Elephant
+
+    model = PaperDQN.load(run_dir / "model.zip", device="cpu")
+    ext = model.q_net.features_extractor
+    assert sum(isinstance(m, Elephant) for m in ext.modules()) == 1
+    assert model.learning_rate == 1e-4 and model.n_steps == 3
+
+
+def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):
+    summary = _train(["dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "32", "--steps", "3000",
+                      "--lr", "1e30", "--set", "learning_starts=50", "--out", str(tmp_path)])
+    assert summary["status"] == "nan" and summary["steps"] < 3000
+    err = capsys.readouterr().err
+    assert "the training loss became" in err and "stopping the run" in err
+    run = read_run(Path(summary["run_dir"]) / "run.h5")
+    assert run.config["learning_rate"] == 1e30
+    assert (Path(summary["run_dir"]) / "model.zip").is_file()
+
+
+def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act",
+                             "elephant", "--hidden", "32", "--steps", "1000000", "--out", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    run_dir = tmp_path / "dqn" / "CartPole-v1" / "elephant" / "n_timesteps=1000000,net_arch=32" / "seed0"
+    deadline = time.time() + 90
+    while not (run_dir / "run.h5").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.5)  # some training steps
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in err and "model and log saved" in err and "Traceback" not in err
+    run = read_run(run_dir / "run.h5")
+    assert len(run.scalars["episode_return"][1]) > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 0 < summary["steps"] < 1000000
+    from agents.rl.dqn import PaperDQN
+
+    assert PaperDQN.load(run_dir / "model.zip").num_timesteps == summary["steps"]
+
+
+def test_config_error_class_is_the_commands_one():
+    with pytest.raises(ConfigError):
+        resolve("dqn", {"act": "nope"})
