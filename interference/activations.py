@@ -133,7 +133,7 @@ def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
 
 # Below this many elements the Python overhead of ``autograd.Function.apply`` (tens of microseconds) outweighs
 # the fused kernels, and plain autograd on the same squaring formula is faster (RL batches, single actions).
-FUSED_MIN_NUMEL = 16384
+FUSED_MIN_NUMEL = 100_000
 
 
 def elephant(x: Tensor, h: Tensor | float = 1.0, a: Tensor | float = 1.0, d: float = 4.0,

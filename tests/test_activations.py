@@ -52,7 +52,7 @@ def test_elephant_module_parameters_and_freezing():
         Elephant(a=0.0)
 
 
-@pytest.mark.parametrize("rows", [4, 20000])  # below and above FUSED_MIN_NUMEL
+@pytest.mark.parametrize("rows", [4, 40000])  # below and above FUSED_MIN_NUMEL
 def test_elephant_under_torch_func(rows):
     e = Elephant(d=8, num_units=3).double()
     x = torch.randn(rows, 3, dtype=torch.float64)
