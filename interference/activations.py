@@ -47,6 +47,10 @@ def _is_small_int(d: float) -> bool:
     return float(d).is_integer() and 1 <= d <= 64
 
 
+def _is_power_of_two(d: float) -> bool:
+    return _is_small_int(d) and d >= 2 and int(d) & (int(d) - 1) == 0
+
+
 def _abs_pow(u: Tensor, d: float, inplace: bool) -> Tensor:
     """``|u|^d`` as a fresh tensor; repeated squaring for integer ``d``, ``pow`` otherwise."""
     if _is_small_int(d):
@@ -79,8 +83,14 @@ class _ElephantFunction(torch.autograd.Function):
     @staticmethod
     def forward(x: Tensor, h: Tensor, a: Tensor, d: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         inplace = not torch.is_grad_enabled()
-        p = _abs_pow(x / a, d, inplace)
-        s = p.add_(1.0).reciprocal_() if inplace else 1.0 / (1.0 + p)
+        u = x / a
+        if inplace and _is_power_of_two(d):  # |u|^d by squaring u in place: two allocations in all
+            for _ in range(int(d).bit_length() - 1):
+                u.mul_(u)
+            s = u.add_(1.0).reciprocal_()
+        else:
+            p = _abs_pow(u, d, inplace)
+            s = p.add_(1.0).reciprocal_() if inplace else 1.0 / (1.0 + p)
         return s * h, s
 
     @staticmethod
@@ -101,14 +111,15 @@ class _ElephantFunction(torch.autograd.Function):
         q = _signed_pow(u, d, inplace)
         if inplace:  # grad may be batched (is_grads_batched): it enters out of place, then in place on fresh tensors
             gs = grad * s
+            gh = _sum_to(gs, h.shape) if need_h else None
             gx = (gs * q).mul_(y).mul_(-d / a)
             ga = _contract_to(gx, u, a.shape).neg_() if need_a else None
         else:
             s = 1.0 / (1.0 + q * u)
             gs = grad * s
+            gh = _sum_to(gs, h.shape) if need_h else None
             gx = gs * (h * s) * q * (-d / a)
             ga = _sum_to(-(gx * u), a.shape) if need_a else None
-        gh = _sum_to(gs, h.shape) if need_h else None
         return (gx if need_x else None), gh, ga, None
 
 

@@ -10,41 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from probes.runlog import Run, RunLogError, find_runs, read_run
+from probes.runlog import RunLogError
 
 from .build import build_report
-
-
-def _steps(text: str) -> list[int]:
-    try:
-        steps = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not steps:
-        raise argparse.ArgumentTypeError("expected at least one step")
-    return steps
-
-
-def _read(args: Sequence[str]) -> list[Run]:
-    """Run logs of the given files and directories; RunLogError (naming the path) if one cannot be read."""
-    paths: list[str] = []
-    for arg in args:
-        try:
-            found = find_runs(arg)
-        except FileNotFoundError:
-            raise RunLogError(f"{arg}: no such file or directory") from None
-        if not found:
-            raise RunLogError(f"{arg}: no *.h5 run logs in this directory")
-        paths += found
-    runs = []
-    for path in dict.fromkeys(paths):
-        try:
-            runs.append(read_run(path))
-        except RunLogError as err:
-            raise RunLogError(str(err) if path in str(err) else f"{path}: {err}") from err
-        except OSError as err:
-            raise RunLogError(f"{path}: cannot read: {err.strerror or err}") from err
-    return runs
+from .cli import load_runs, steps_arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Figures and index.html from run logs (HDF5).")
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run log (.h5) or directory of run logs")
     parser.add_argument("-o", "--out", required=True, help="output directory (created if missing)")
-    parser.add_argument("--steps", type=_steps, default=None,
+    parser.add_argument("--steps", type=steps_arg, default=None,
                         help="comma-separated training steps of the heatmap/NTK panels "
                              "(nearest records; default: midpoint and end of training)")
     parser.add_argument("--window", type=int, default=1,
@@ -62,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.window < 1:
         parser.error("--window must be >= 1")
     try:
-        runs = _read(args.runs)
+        runs = load_runs(args.runs)
     except RunLogError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

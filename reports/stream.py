@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run, RunLogError, find_runs, read_run
+from probes.runlog import Run, RunLogError
 
 from . import data, paper, plots
+from .cli import load_runs, steps_arg
 from .html import Table, write_index
 
 __all__ = [
@@ -665,35 +666,6 @@ def build_stream_report(stream_runs: Sequence[Run], edit_runs: Sequence[Run], ou
     return write_index(out, "Streaming regression on sin(pi x) (paper section 5.1)", tables, sections)
 
 
-def _read_runs(paths: Sequence[str]) -> list[Run]:
-    """Every run log under `paths` (files or directories); RunLogError naming the path otherwise."""
-    found: list[str] = []
-    for arg in paths:
-        try:
-            found += find_runs(arg)
-        except FileNotFoundError:
-            raise RunLogError(f"{arg}: no such file or directory") from None
-    runs = []
-    for path in dict.fromkeys(os.path.realpath(p) for p in found):
-        try:
-            runs.append(read_run(path))
-        except RunLogError as err:
-            raise RunLogError(str(err) if path in str(err) else f"{path}: {err}") from err
-        except OSError as err:
-            raise RunLogError(f"{path}: cannot read: {err.strerror or err}") from err
-    return runs
-
-
-def _steps_arg(text: str) -> list[int]:
-    try:
-        steps = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not steps:
-        raise argparse.ArgumentTypeError("expected at least one step")
-    return steps
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m reports.stream RUNS_DIR [...] -o OUT/ [--seeds-note TEXT] [--steps 1,50,200]``: find the
     ``stream-sin`` and ``edit`` run logs, write the report, print the table and the path of ``index.html``.
@@ -706,11 +678,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--seeds-note", dest="note", default="",
                         help="text put under the table caption, e.g. '3 seeds, n=200 (paper: 5 seeds)'")
-    parser.add_argument("--steps", type=_steps_arg, default=None,
+    parser.add_argument("--steps", type=steps_arg, default=None,
                         help="comma-separated probe steps of the Figure-2a panels (default: those recorded)")
     args = parser.parse_args(argv)
     try:
-        runs = _read_runs(args.runs)
+        runs = load_runs(args.runs)
         stream = [r for r in runs if is_stream_run(r)]
         edits = [r for r in runs if is_edit_run(r)]
         if not stream and not edits:

@@ -96,3 +96,11 @@ def test_elephant_second_derivatives_under_torch_func(implementation):
     ours = hessian(lambda v: elephant(v, h, a, 4.0, implementation=implementation).sum())(x)
     ref = hessian(lambda v: literal(v, h, a, 4.0).sum())(x)
     assert torch.allclose(ours, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_elephant_with_full_shape_h_and_a():
+    """h and a of the same shape as x (no reduction in the backward) must not alias the input gradient."""
+    g = torch.Generator().manual_seed(3)
+    x, h, a = (torch.rand(6, generator=g, dtype=torch.float64) + 0.2 for _ in range(3))
+    args = [t.clone().requires_grad_() for t in (x, h, a)]
+    assert torch.autograd.gradcheck(lambda x, h, a: elephant(x, h, a, 4.0, implementation="fused"), args)

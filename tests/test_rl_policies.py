@@ -15,7 +15,7 @@ from agents.rl.policies import (SPREAD_ATTR, ActActorCriticPolicy, ActDQNPolicy,
                                 reapply_spread_bias)
 from agents.rl.run import build_model, online_parameters
 from interference.activations import FTA, Elephant, Maxout
-from interference.nets import count_parameters, match_width, spread_bias_
+from interference.nets import match_width, spread_bias_
 
 
 def _count(module: nn.Module, kind: type[nn.Module]) -> int:

@@ -110,7 +110,7 @@ def test_grid_resumes_after_being_killed(tmp_path):
     grid = tmp_path / "grid.yml"
     grid.write_text(
         "command: stream-sin\n"
-        f"fixed: {{seeds: [0], probe: '', n: 150, n_test: 50, width: 64}}\n"
+        "fixed: {seeds: [0], probe: '', n: 150, n_test: 50, width: 64}\n"
         "grids: [{act: [relu, tanh, elu], lr: [0.001]}]\n"
     )
     out = tmp_path / "runs"

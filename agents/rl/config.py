@@ -484,10 +484,9 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
     hidden = {}
     for role, widths in roles.items():
         hidden[role] = _match(act, act_kwargs, *outs[role], widths) if match else widths
-        width = outs[role][0]
         try:
             for w in hidden[role]:
-                width = _out_width(act, act_kwargs, w)
+                _out_width(act, act_kwargs, w)  # validates the width for the activation (e.g. Maxout's k)
         except ValueError as err:
             raise ConfigError(f"net_arch {hidden[role]} with {act}: {err}") from None
     derived["hidden"] = hidden
