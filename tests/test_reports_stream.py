@@ -213,7 +213,7 @@ def test_cli_bad_input(tmp_path, capsys):
     empty.mkdir()
     assert stream.main([str(empty), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: no stream-sin or edit run logs") and err.count("\n") == 1
+    assert err == f"error: {empty}: no *.h5 run logs in this directory\n"
     (empty / "junk.h5").write_text("not hdf5")
     assert stream.main([str(empty), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
