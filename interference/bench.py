@@ -3,7 +3,8 @@
     python -m interference.bench [--threads 1] [--device cpu] [--quick]
 
 Each case runs in a forked child process, so its peak extra memory (resident set on CPU, allocator peak on
-CUDA) is measured from the same starting point. Times are medians over repeats after one warm-up call.
+CUDA) is measured from the same starting point. Times are the minimum over repeats after one warm-up call (as
+``timeit`` advises: on a shared machine the slower repeats measure the other tenants, not the code).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import resource
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,12 +58,12 @@ def _child(setup: Setup, repeats: int, threads: int, device: torch.device, conn)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
-    conn.send((statistics.median(times) if times else first, extra / 2**20))
+    conn.send((min(times) if times else first, extra / 2**20))
     conn.close()
 
 
 def measure(setup: Setup, repeats: int, threads: int, device: torch.device) -> Timing:
-    """Median seconds of ``setup()()`` and its peak extra memory, in a fresh forked process."""
+    """Minimum seconds of ``setup()()`` over ``repeats`` and its peak extra memory, in a fresh forked process."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(setup, repeats, threads, device, child))
