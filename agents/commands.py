@@ -12,11 +12,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Command", "ConfigError", "commands", "get_command"]
+import yaml
+
+__all__ = ["Command", "ConfigError", "commands", "get_command", "read_yaml"]
 
 
 class ConfigError(ValueError):
     """A config value a command refuses (unknown activation, negative learning rate, unknown env, ...)."""
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """The YAML document in ``path``; ConfigError naming the file (as a ``what`` file) if unreadable or invalid."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} file {path} is not valid YAML: {err}") from None
 
 
 class Command(Protocol):

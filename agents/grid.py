@@ -29,10 +29,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm import tqdm
 
-from .commands import ConfigError, get_command
+from .commands import ConfigError, get_command, read_yaml
 
 __all__ = ["GridRun", "expand", "load_grid", "plan", "run_grid", "main"]
 
@@ -72,12 +71,7 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def load_grid(path: str | Path) -> dict[str, Any]:
     """Read a YAML grid file, with errors that name the file."""
-    try:
-        spec = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read grid file {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"grid file {path} is not valid YAML: {err}") from None
+    spec = read_yaml(path, "grid")
     if not isinstance(spec, dict):
         raise ConfigError(f"grid file {path} must hold a mapping with 'command' and 'grids'")
     return spec

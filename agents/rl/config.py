@@ -25,7 +25,7 @@ import yaml
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import is_image_space
 
-from agents.commands import ConfigError
+from agents.commands import ConfigError, read_yaml
 from interference.activations import activation_arguments, activation_names, make_activation
 from interference.nets import match_width
 
@@ -264,12 +264,7 @@ def _merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_config_file(path: str | Path, algo: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    data = read_yaml(path, "config")
     if data is None:
         return {}
     if not isinstance(data, dict):
