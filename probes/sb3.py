@@ -33,6 +33,8 @@ from .runner import ProbeRunner
 __all__ = ["ProbeCallback", "probe_context"]
 
 SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
+LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
+             "train/learning_rate": "learning_rate"}  # SB3 logger key -> run-log scalar
 
 
 def _replay_sampler(algo: BaseAlgorithm, rng: np.random.Generator) -> Callable[[int], Any]:
@@ -159,10 +161,12 @@ class ProbeCallback(BaseCallback):
         config, seed: stored in the file's attributes.
         n_inputs: number of fixed probe inputs for the NTK and sparsity probes, drawn once from the first
             observations the agent stored (replay buffer or rollout).
+        loss_every: env steps between records of SB3's latest losses and learning rate (default: at probe rounds).
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],
-                 seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None, verbose: int = 0) -> None:
+                 seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None,
+                 loss_every: int | None = None, verbose: int = 0) -> None:
         super().__init__(verbose)
         self.probes = list(probes)
         self.path = os.fspath(path)
@@ -171,7 +175,8 @@ class ProbeCallback(BaseCallback):
         self.rng = np.random.default_rng([self.seed, 0x9E3779B9])
         self.runner: ProbeRunner | None = None
         self.inputs: Tensor | None = None
-        self._episode_infos_seen = 0
+        self.loss_every = loss_every
+        self._next_loss = loss_every or 0
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _on_training_start(self) -> None:
@@ -207,11 +212,27 @@ class ProbeCallback(BaseCallback):
                 self.runner.scalar("episode_length", step, episode["l"])
         if not isinstance(self.model, PPO):
             self._probe(step)
+            self._log_losses(step)
         return True
 
     def _on_rollout_end(self) -> None:
         if isinstance(self.model, PPO):
             self._probe(self.num_timesteps)
+            self._log_losses(self.num_timesteps)
+
+    def _log_losses(self, step: int, *, probe_round: bool = False) -> None:
+        """SB3's latest losses and learning rate, every ``loss_every`` steps (or at each probe round)."""
+        if self.loss_every is None:
+            if not probe_round:
+                return
+        elif probe_round or step < self._next_loss:
+            return
+        else:
+            self._next_loss = (step // self.loss_every + 1) * self.loss_every
+        values = self.model.logger.name_to_value
+        for key, name in LOSS_KEYS.items():
+            if key in values:
+                self.runner.scalar(name, step, values[key])
 
     def _probe(self, step: int) -> None:
         if not self.runner.due(step):
@@ -226,11 +247,7 @@ class ProbeCallback(BaseCallback):
             self.runner.on_step(ctx)
         finally:
             np.random.set_state(state)
-        values = self.model.logger.name_to_value
-        for key, name in (("train/loss", "loss"), ("train/actor_loss", "actor_loss"),
-                          ("train/critic_loss", "critic_loss"), ("train/learning_rate", "learning_rate")):
-            if key in values:
-                self.runner.scalar(name, step, values[key])
+        self._log_losses(step, probe_round=True)
 
     def _on_training_end(self) -> None:
         if self.runner is not None:

@@ -18,16 +18,11 @@ from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from tqdm import tqdm
 
 __all__ = ["RunCallback", "stop_on_sigint", "final_return"]
 
 #: SB3 logger keys -> run-log scalar names (the scalars ProbeCallback declares)
-LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
-             "train/learning_rate": "learning_rate"}
-
-
 def final_return(returns: list[float], fraction: float = 0.1) -> float:
     """Mean over the last ``ceil(fraction * n)`` episodes (at least one); NaN without episodes."""
     if not returns:
@@ -37,24 +32,20 @@ def final_return(returns: list[float], fraction: float = 0.1) -> float:
 
 
 class RunCallback(BaseCallback):
-    """Progress bar, episode bookkeeping, loss logging and the two ways a run stops early.
+    """Progress bar, episode bookkeeping and the two ways a run stops early.
 
     Args:
         total: the run's env steps (for the bar).
-        probe_callback: the run's ``ProbeCallback`` (its run log receives the loss scalars).
         progress: show a tqdm bar on stderr.
-        loss_every: env steps between loss records (None: no loss records besides the probe callback's).
         desc: the bar's label.
 
     After ``learn`` returns, ``stop_reason`` is ``None`` (finished), ``"interrupted"`` (Ctrl-C) or ``"nan"``
     (a non-finite loss; ``stop_message`` says which).
     """
 
-    def __init__(self, total: int, *, probe_callback: Any = None, progress: bool = True,
-                 loss_every: int | None = None, desc: str = "") -> None:
+    def __init__(self, total: int, *, progress: bool = True, desc: str = "") -> None:
         super().__init__()
-        self.total, self.probe_callback, self.progress, self.desc = int(total), probe_callback, progress, desc
-        self.loss_every = loss_every
+        self.total, self.progress, self.desc = int(total), progress, desc
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.stop_requested = False
@@ -64,7 +55,6 @@ class RunCallback(BaseCallback):
         self.bar: tqdm | None = None
         self._t0 = 0.0
         self._shown = 0
-        self._next_loss = loss_every or 0
         self._last_postfix = 0.0
 
     # -- SB3 hooks -------------------------------------------------------------------------------------------
@@ -96,13 +86,7 @@ class RunCallback(BaseCallback):
             self.stop_reason = "interrupted"
             self.stop_message = f"interrupted at step {step}"
             return False
-        if not isinstance(self.model, OnPolicyAlgorithm):
-            self._log_losses(step)
         return True
-
-    def _on_rollout_end(self) -> None:
-        if isinstance(self.model, OnPolicyAlgorithm):
-            self._log_losses(self.num_timesteps)
 
     def _on_training_end(self) -> None:
         self.wall_seconds = time.perf_counter() - self._t0
@@ -126,18 +110,6 @@ class RunCallback(BaseCallback):
         self.stop_message = (f"the training loss became {bad} ({key}) at step {step}; stopping the run "
                              f"(try a smaller learning rate)")
         return True
-
-    def _log_losses(self, step: int) -> None:
-        if not self.loss_every or step < self._next_loss:
-            return
-        self._next_loss = (step // self.loss_every + 1) * self.loss_every
-        runner = getattr(self.probe_callback, "runner", None)
-        if runner is None or runner.due(step):  # the probe callback logs the losses at its own steps
-            return
-        values = self.model.logger.name_to_value
-        for key, name in LOSS_KEYS.items():
-            if key in values:
-                runner.scalar(name, step, values[key])
 
 
 @contextlib.contextmanager

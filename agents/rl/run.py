@@ -122,10 +122,10 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     probes = [make_probe(name, every=config["probe_every"], **config["probe_kwargs"].get(name, {}))
               for name in config["probe"]]
     log_config = {k: v for k, v in config.items() if k != "progress"}
-    probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
-                             n_inputs=config["probe_inputs"])
     steps = config["n_timesteps"]
-    run_cb = RunCallback(steps, probe_callback=probe_cb, progress=progress, loss_every=max(1, steps // 100),
+    probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
+                             n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100))
+    run_cb = RunCallback(steps, progress=progress,
                          desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
     try:
         with stop_on_sigint(run_cb):
