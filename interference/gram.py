@@ -103,11 +103,13 @@ def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[st
 
 
 # ----------------------------------------------------------------------------------------------- layer rules
+# Rules see ``gout`` in output-major layout ``(O, n, *out_shape)`` (as the batched backward returns it) and
+# return factors in the same layout, so rows ``(o, n)`` flatten into one matrix without copies.
 @dataclass
 class _Factor:
     """One layer's contribution for a block of samples.
 
-    Either ``gram`` (2-D Linear): ``a`` (n, in) or None, ``bias`` flag, ``b`` (n, O, out); or ``g`` (n, O, P).
+    Either ``gram`` (2-D Linear): ``a`` (n, in) or None, ``bias`` flag, ``b`` (O, n, out); or ``g`` (O, n, P).
     """
 
     a: Tensor | None = None
@@ -117,62 +119,71 @@ class _Factor:
 
 
 def _sum_rest(t: Tensor) -> Tensor:
-    """Sum ``(n, O, rest, ...)`` over ``rest`` (weight sharing over positions); a view when ``rest == 1``."""
+    """Sum ``(O, n, rest, ...)`` over ``rest`` (weight sharing over positions); a view when ``rest == 1``."""
     return t.squeeze(2) if t.shape[2] == 1 else t.sum(2)
+
+
+def _per_output_bmm(b: Tensor, u: Tensor) -> Tensor:
+    """``(O, n, X, L) @ (n, L, Y) -> (O, n, X*Y)``, one batched product per output, written in place (no copies)."""
+    o, n, x = b.shape[:3]
+    out = b.new_empty(o, n, x, u.shape[-1])
+    for i in range(o):
+        torch.bmm(b[i], u, out=out[i])
+    return out.reshape(o, n, -1)
 
 
 def _linear_rule(mod: nn.Linear, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
     w, bias = "weight" in use, "bias" in use
     if inp.dim() == 2:
         return [_Factor(a=inp if w else None, bias=bias, b=gout)]
-    n, o = gout.shape[:2]
+    o, n = gout.shape[:2]
     a = inp.reshape(n, -1, inp.shape[-1])
-    b = gout.reshape(n, o, -1, gout.shape[-1])
+    b = gout.reshape(o, n, -1, gout.shape[-1])
     out = []
     if w:
-        out.append(_Factor(g=torch.einsum("notj,nti->noji", b, a).reshape(n, o, -1)))
+        out.append(_Factor(g=_per_output_bmm(b.transpose(2, 3), a)))  # (O, n, out*in)
     if bias:
         out.append(_Factor(g=_sum_rest(b)))
     return out
 
 
 def _conv2d_rule(mod: nn.Conv2d, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
-    n, o, c_out = gout.shape[:3]
-    b = gout.reshape(n, o, c_out, -1)
+    o, n, c_out = gout.shape[:3]
+    b = gout.reshape(o, n, c_out, -1)
     out = []
     if "weight" in use:
         u = F.unfold(inp, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride)
-        out.append(_Factor(g=torch.einsum("nocl,nkl->nock", b, u).reshape(n, o, -1)))
+        out.append(_Factor(g=_per_output_bmm(b, u.transpose(1, 2))))  # (O, n, c_out * c_in*kh*kw)
     if "bias" in use:
         out.append(_Factor(g=b.sum(-1)))
     return out
 
 
 def _layer_norm_rule(mod: nn.LayerNorm, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
-    n, o = gout.shape[:2]
+    o, n = gout.shape[:2]
     k = len(mod.normalized_shape)
-    b = gout.reshape(n, o, -1, *gout.shape[gout.dim() - k:])  # (n, O, rest, *normalized)
+    b = gout.reshape(o, n, -1, *gout.shape[gout.dim() - k:])  # (O, n, rest, *normalized)
     out = []
     if "weight" in use:
         xhat = F.layer_norm(inp, mod.normalized_shape, None, None, mod.eps)
-        xhat = xhat.reshape(n, 1, -1, *xhat.shape[xhat.dim() - k:])
-        out.append(_Factor(g=_sum_rest(b * xhat).reshape(n, o, -1)))
+        xhat = xhat.reshape(1, n, -1, *xhat.shape[xhat.dim() - k:])
+        out.append(_Factor(g=_sum_rest(b * xhat).reshape(o, n, -1)))
     if "bias" in use:
-        out.append(_Factor(g=_sum_rest(b).reshape(n, o, -1)))
+        out.append(_Factor(g=_sum_rest(b).reshape(o, n, -1)))
     return out
 
 
 def _elephant_rule(mod: Elephant, inp: Tensor, gout: Tensor, use: set[str]) -> list[_Factor]:
     # dy/dlog_h = h s = y and dy/dlog_a = h d |u|^d s^2, with u = x/a and s = 1/(1 + |u|^d).
-    n, o = gout.shape[:2]
+    o, n = gout.shape[:2]
     p = _abs_pow(inp / mod.a, mod.d, inplace=True)
     s = p.add(1.0).reciprocal_()
     hs = mod.h * s
-    lead = (n, o, -1, 1) if mod.num_units is None else (n, o, -1, inp.shape[-1])
+    lead = (o, n, -1, 1) if mod.num_units is None else (o, n, -1, inp.shape[-1])
     out = []
     for name, dy in (("log_h", hs), ("log_a", p.mul_(s).mul_(hs).mul_(mod.d) if "log_a" in use else None)):
         if name in use:
-            g = _sum_rest((gout * dy.unsqueeze(1)).reshape(lead))
+            g = _sum_rest((gout * dy.unsqueeze(0)).reshape(lead))
             out.append(_Factor(g=g.sum(-1, keepdim=True) if mod.num_units is None else g))
     return out
 
@@ -270,16 +281,15 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: _Plan)
     cotangents = torch.eye(o, dtype=out.dtype, device=out.device).unsqueeze(1).expand(o, n, o)
     if o == 1:
         grads = torch.autograd.grad(out, probes, grad_outputs=cotangents[0], allow_unused=True)
-        grads = [None if g is None else g.unsqueeze(0) for g in grads]
+        grads = [None if g is None else g.unsqueeze(0) for g in grads]  # (O=1, n, *out_shape)
     else:
         grads = torch.autograd.grad(out, probes, grad_outputs=cotangents, is_grads_batched=True, allow_unused=True)
     factors = []
     for (mod, (inp, _)), g in zip(used, grads):
         if g is None:  # module ran but does not influence the output
             continue
-        gout = g.movedim(0, 1).contiguous()  # (n, O, *out_shape)
-        with torch.no_grad():
-            factors += _rule_for(mod)(mod, inp, gout, plan.modules[mod])
+        with torch.no_grad():  # g: (O, n, *out_shape)
+            factors += _rule_for(mod)(mod, inp, g, plan.modules[mod])
     return factors, out.detach()
 
 
@@ -319,57 +329,89 @@ def single_sample_fn(model: nn.Module, fn: Callable[[Batch], Tensor]) -> Callabl
 
 
 def _func_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[str], batch: Batch) -> Tensor:
-    """Per-sample Jacobian ``(n, O, P)`` of ``fn`` w.r.t. the named parameters, by ``vmap(jacrev)``."""
+    """Per-sample Jacobian ``(O, n, P)`` of ``fn`` w.r.t. the named parameters, by ``vmap(jacrev)``."""
     named = dict(model.named_parameters())
     params = {k: named[k].detach() for k in names}
     jac = torch.func.vmap(torch.func.jacrev(single_sample_fn(model, fn)), in_dims=(None, 0))(params, batch)
     n = batch_size(batch)
-    return torch.cat([jac[k].reshape(n, jac[k].shape[1], -1) for k in names], dim=-1)
+    return torch.cat([jac[k].reshape(n, jac[k].shape[1], -1) for k in names], dim=-1).transpose(0, 1).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------- contraction
-# Kernels accumulate in a working layout that keeps every contraction a plain matrix product:
-# full -> (n*O, m*O) with rows (n, o) and columns (m, q); diagonal -> (n, m, O); trace -> (n, m).
+# Kernels accumulate in an output-major working layout that keeps every contraction a plain matrix product:
+# full -> (O*n, O*m) with rows (o, n) and columns (q, m); diagonal -> (O, n, m); trace -> (n, m).
 def _work_shape(n: int, m: int, o: int, output: str) -> tuple[int, ...]:
-    return {"full": (n * o, m * o), "diagonal": (n, m, o), "trace": (n, m)}[output]
+    return {"full": (o * n, o * m), "diagonal": (o, n, m), "trace": (n, m)}[output]
 
 
-def _accumulate(out: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, output: str) -> None:
-    """Add the kernel block between two factors to ``out`` (a view in the working layout)."""
-    if isinstance(f1, Tensor) or f1.g is not None:
-        g1 = f1 if isinstance(f1, Tensor) else f1.g
-        g2 = f2 if isinstance(f2, Tensor) else f2.g
-        if output == "full":
-            out.addmm_(g1.reshape(-1, g1.shape[-1]), g2.reshape(-1, g2.shape[-1]).T)
-        else:
-            out += torch.einsum("nop,mop->nmo" if output == "diagonal" else "nop,mop->nm", g1, g2)
-        return
-    n, m, o = f1.b.shape[0], f2.b.shape[0], f1.b.shape[1]
+def _from_work(work: Tensor, n: int, m: int, o: int, output: str) -> Tensor:
+    if output == "full":
+        return work.view(o, n, o, m).permute(1, 3, 0, 2).contiguous()
+    return work.permute(1, 2, 0).contiguous() if output == "diagonal" else work
+
+
+def _outer(f1: _Factor, f2: _Factor) -> Tensor:
+    """``A A'^T + 1`` (or its parts) of two 2-D Linear factors: ``(n, m)``."""
+    n, m = f1.b.shape[1], f2.b.shape[1]
     outer = (f1.a @ f2.a.T) if f1.a is not None else None
     if f1.bias:
         outer = outer + 1.0 if outer is not None else f1.b.new_ones(n, m)
-    if output == "full":
-        bb = f1.b.reshape(n * o, -1) @ f2.b.reshape(m * o, -1).T
-        out += bb.view(n, o, m, o).mul_(outer[:, None, :, None]).view(n * o, m * o)
+    return outer
+
+
+def _full_outer(f1: _Factor | Tensor, f2: _Factor | Tensor) -> Tensor | None:
+    """For 2-D Linear factors, ``A A'^T + 1`` repeated to the ``(O*n, O*m)`` working layout; else None."""
+    if isinstance(f1, Tensor) or f1.g is not None:
+        return None
+    o = f1.b.shape[0]
+    return _outer(f1, f2).repeat(o, o)
+
+
+def _accumulate_full(work: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, rows: slice, cols: slice,
+                     outer: Tensor | None) -> None:
+    """Add the full kernel between two factors to ``work``, the ``(rows, cols)`` panel of the working matrix.
+
+    ``rows`` and ``cols`` index the flattened ``(o, n)`` rows of ``f1`` and ``(q, m)`` rows of ``f2``; ``outer``
+    is ``_full_outer(f1, f2)``.
+    """
+    if isinstance(f1, Tensor) or f1.g is not None:
+        g1 = f1 if isinstance(f1, Tensor) else f1.g
+        g2 = f2 if isinstance(f2, Tensor) else f2.g
+        work.addmm_(g1.reshape(-1, g1.shape[-1])[rows], g2.reshape(-1, g2.shape[-1])[cols].T)
         return
-    bb = torch.einsum("noi,moi->nmo", f1.b, f2.b)
-    out += outer[:, :, None] * bb if output == "diagonal" else torch.einsum("nm,nmo->nm", outer, bb)
+    bb = f1.b.reshape(-1, f1.b.shape[-1])[rows] @ f2.b.reshape(-1, f2.b.shape[-1])[cols].T
+    work.addcmul_(bb, outer[rows, cols])
 
 
-def _rows(f: _Factor | Tensor, start: int, stop: int) -> _Factor | Tensor:
+def _accumulate_reduced(work: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, output: str) -> None:
+    """Add the diagonal ``(O, n, m)`` or trace ``(n, m)`` kernel between two factors to ``work``."""
+    if isinstance(f1, Tensor) or f1.g is not None:
+        g1 = f1 if isinstance(f1, Tensor) else f1.g
+        g2 = f2 if isinstance(f2, Tensor) else f2.g
+        if output == "diagonal":
+            work.baddbmm_(g1, g2.transpose(1, 2))
+        else:
+            for o in range(g1.shape[0]):
+                work.addmm_(g1[o], g2[o].T)
+        return
+    bb = torch.bmm(f1.b, f2.b.transpose(1, 2))  # (O, n, m)
+    work.addcmul_(bb if output == "diagonal" else bb.sum(0), _outer(f1, f2))
+
+
+def _samples(f: _Factor | Tensor, start: int, stop: int | None = None) -> _Factor | Tensor:
     """Samples ``start:stop`` of a factor."""
     if isinstance(f, Tensor):
-        return f[start:stop]
+        return f[:, start:stop]
     if f.g is not None:
-        return _Factor(g=f.g[start:stop])
-    return _Factor(a=None if f.a is None else f.a[start:stop], bias=f.bias, b=f.b[start:stop])
+        return _Factor(g=f.g[:, start:stop])
+    return _Factor(a=None if f.a is None else f.a[start:stop], bias=f.bias, b=f.b[:, start:stop])
 
 
 def _block_kernel(fn, model, plan, b1, b2, output) -> Tensor:
     """The kernel between two blocks of samples (``b2=None``: the block with itself), in the output layout.
 
-    With itself the kernel is symmetric: four row blocks and only the 10 products on and above the diagonal are
-    computed (5/8 of the work), the rest mirrored.
+    With itself the kernel is symmetric: it is computed in row panels, panel ``i`` against the columns from
+    panel ``i`` on (a little over half the work with 8 panels), and the rest is mirrored.
     """
     f1, out1 = _layerwise_factors(fn, b1, plan)
     f2, out2 = (f1, out1) if b2 is None else _layerwise_factors(fn, b2, plan)
@@ -381,24 +423,31 @@ def _block_kernel(fn, model, plan, b1, b2, output) -> Tensor:
         raise ValueError("none of the selected parameters influences the output (all gradients are zero)")
     (n, o), m = out1.shape, out2.shape[0]
     work = out1.new_zeros(_work_shape(n, m, o, output))
-    k = o if output == "full" else 1  # rows of the working layout per sample
+    full = output == "full"
     if b2 is not None:
         for a, b in zip(f1, f2):
-            _accumulate(work, a, b, output)
-    else:
-        parts = 4 if n >= 128 else 1
-        edges = [n * i // parts for i in range(parts + 1)]
+            if full:
+                _accumulate_full(work, a, b, slice(None), slice(None), _full_outer(a, b))
+            else:
+                _accumulate_reduced(work, a, b, output)
+        return _from_work(work, n, m, o, output)
+    size = o * n if full else n  # panels split the working matrix's rows: (o, n) pairs, or samples
+    parts = min(8, size // 64) or 1  # panels of at least 64 rows keep the matrix products efficient
+    edges = [size * i // parts for i in range(parts + 1)]
+    for f in f1:
+        outer = _full_outer(f, f) if full else None
         for i in range(parts):
-            r = slice(edges[i] * k, edges[i + 1] * k)
-            for j in range(i, parts):
-                c = slice(edges[j] * k, edges[j + 1] * k)
-                for f in f1:
-                    _accumulate(work[r, c], _rows(f, edges[i], edges[i + 1]), _rows(f, edges[j], edges[j + 1]), output)
-                if j != i:
-                    work[c, r] = work[r, c].transpose(0, 1)
-    if output == "full":
-        return work.view(n, o, m, o).permute(0, 2, 1, 3).contiguous()
-    return work
+            r = slice(edges[i], edges[i + 1])
+            if full:
+                c = slice(edges[i], None)
+                _accumulate_full(work[r, c], f, f, r, c, outer)
+            else:
+                _accumulate_reduced(work[..., r, edges[i]:], _samples(f, r.start, r.stop), _samples(f, r.start),
+                                    output)
+    for i in range(parts - 1):  # mirror the part below the diagonal panels
+        r, c = slice(edges[i], edges[i + 1]), slice(edges[i + 1], None)
+        work[..., c, r] = work[..., r, c].transpose(-1, -2)
+    return _from_work(work, n, m, o, output)
 
 
 # ----------------------------------------------------------------------------------------------- memory
