@@ -350,6 +350,11 @@ def _from_work(work: Tensor, n: int, m: int, o: int, output: str) -> Tensor:
     return work.permute(1, 2, 0).contiguous() if output == "diagonal" else work
 
 
+def _dense(f: _Factor | Tensor) -> Tensor | None:
+    """The per-sample Jacobian ``(O, n, P)`` of a factor (``torch.func`` path or ``g``); None for a Linear gram."""
+    return f if isinstance(f, Tensor) else f.g
+
+
 def _outer(f1: _Factor, f2: _Factor) -> Tensor:
     """``A A'^T + 1`` (or its parts) of two 2-D Linear factors: ``(n, m)``."""
     n, m = f1.b.shape[1], f2.b.shape[1]
@@ -361,7 +366,7 @@ def _outer(f1: _Factor, f2: _Factor) -> Tensor:
 
 def _full_outer(f1: _Factor | Tensor, f2: _Factor | Tensor) -> Tensor | None:
     """For 2-D Linear factors, ``A A'^T + 1`` repeated to the ``(O*n, O*m)`` working layout; else None."""
-    if isinstance(f1, Tensor) or f1.g is not None:
+    if _dense(f1) is not None:
         return None
     o = f1.b.shape[0]
     return _outer(f1, f2).repeat(o, o)
@@ -374,9 +379,8 @@ def _accumulate_full(work: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, r
     ``rows`` and ``cols`` index the flattened ``(o, n)`` rows of ``f1`` and ``(q, m)`` rows of ``f2``; ``outer``
     is ``_full_outer(f1, f2)``.
     """
-    if isinstance(f1, Tensor) or f1.g is not None:
-        g1 = f1 if isinstance(f1, Tensor) else f1.g
-        g2 = f2 if isinstance(f2, Tensor) else f2.g
+    g1, g2 = _dense(f1), _dense(f2)
+    if g1 is not None:
         work.addmm_(g1.reshape(-1, g1.shape[-1])[rows], g2.reshape(-1, g2.shape[-1])[cols].T)
         return
     bb = f1.b.reshape(-1, f1.b.shape[-1])[rows] @ f2.b.reshape(-1, f2.b.shape[-1])[cols].T
@@ -385,9 +389,8 @@ def _accumulate_full(work: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, r
 
 def _accumulate_reduced(work: Tensor, f1: _Factor | Tensor, f2: _Factor | Tensor, output: str) -> None:
     """Add the diagonal ``(O, n, m)`` or trace ``(n, m)`` kernel between two factors to ``work``."""
-    if isinstance(f1, Tensor) or f1.g is not None:
-        g1 = f1 if isinstance(f1, Tensor) else f1.g
-        g2 = f2 if isinstance(f2, Tensor) else f2.g
+    g1, g2 = _dense(f1), _dense(f2)
+    if g1 is not None:
         if output == "diagonal":
             work.baddbmm_(g1, g2.transpose(1, 2))
         else:
