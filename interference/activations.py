@@ -155,10 +155,8 @@ def elephant(x: Tensor, h: Tensor | float = 1.0, a: Tensor | float = 1.0, d: flo
     (the same repeated-squaring formula in plain torch ops) or ``"auto"`` (fused from ``FUSED_MIN_NUMEL`` elements
     of ``x`` up). All are exact, support double backward and ``torch.func`` transforms.
     """
-    if not isinstance(h, Tensor):
-        h = torch.as_tensor(h, dtype=x.dtype, device=x.device)
-    if not isinstance(a, Tensor):
-        a = torch.as_tensor(a, dtype=x.dtype, device=x.device)
+    h = torch.as_tensor(h, dtype=x.dtype, device=x.device)
+    a = torch.as_tensor(a, dtype=x.dtype, device=x.device)
     if implementation == "fused" or (implementation == "auto" and x.numel() >= FUSED_MIN_NUMEL):
         return _ElephantFunction.apply(x, h, a, float(d))[0]
     if implementation not in ("auto", "autograd"):
