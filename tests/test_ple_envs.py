@@ -298,3 +298,11 @@ def test_random_policy_matches_ple(
         lengths.append(steps)
     assert np.mean(returns) == pytest.approx(ple_return, abs=return_tol)
     assert np.mean(lengths) == pytest.approx(ple_length, abs=length_tol)
+
+
+@pytest.mark.parametrize("env_cls", [CatcherEnv, PixelcopterEnv])
+def test_bad_constructor_options_are_named(env_cls: type) -> None:
+    with pytest.raises(ValueError, match="unsupported render_mode 'human'"):
+        env_cls(render_mode="human")
+    with pytest.raises(ValueError, match="unknown rect_rounding 'floor'"):
+        env_cls(rect_rounding="floor")

@@ -63,6 +63,16 @@ def round_coord(value: float | np.ndarray) -> np.ndarray:
 RECT_ROUNDING: dict[str, CoordFn] = {"truncate": truncate_coord, "round": round_coord}
 
 
+def check_options(env: gym.Env, render_mode: str | None, rect_rounding: str) -> CoordFn:
+    """Validate a PLE port's constructor options (clear errors), set ``env.render_mode``; the ``Rect`` coord fn."""
+    if render_mode is not None and render_mode not in env.metadata["render_modes"]:
+        raise ValueError(f"unsupported render_mode {render_mode!r}; choose from {env.metadata['render_modes']}")
+    if rect_rounding not in RECT_ROUNDING:
+        raise ValueError(f"unknown rect_rounding {rect_rounding!r}; choose from {sorted(RECT_ROUNDING)}")
+    env.render_mode = render_mode
+    return RECT_ROUNDING[rect_rounding]
+
+
 def centered_rect(cx: int, cy: int, w: int, h: int) -> Rect:
     """Return the pygame ``Rect`` ``(left, top, w, h)`` whose integer centre is ``(cx, cy)``."""
     return cx - w // 2, cy - h // 2, w, h
@@ -130,10 +140,7 @@ class CatcherEnv(gym.Env[np.ndarray, np.int64]):
     metadata = {"render_modes": ["rgb_array"], "render_fps": FPS}
 
     def __init__(self, render_mode: str | None = None, rect_rounding: str = "truncate") -> None:
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"unsupported render_mode {render_mode!r}")
-        self.render_mode = render_mode
-        self._rect_coord = RECT_ROUNDING[rect_rounding]
+        self._rect_coord = check_options(self, render_mode, rect_rounding)
         self.action_space = spaces.Discrete(3)
         self.observation_space = spaces.Box(
             low=normalize_state(0, -MAX_PADDLE_SPEED, FRUIT_XS.min(), FRUIT_YS.min()),

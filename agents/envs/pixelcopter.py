@@ -48,7 +48,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from agents.envs.catcher import RECT_ROUNDING, Rect, blit, centered_rect, rects_collide
+from agents.envs.catcher import Rect, check_options, blit, centered_rect, rects_collide
 
 WIDTH = 48
 HEIGHT = 48
@@ -107,10 +107,7 @@ class PixelcopterEnv(gym.Env[np.ndarray, np.int64]):
     metadata = {"render_modes": ["rgb_array"], "render_fps": FPS}
 
     def __init__(self, render_mode: str | None = None, rect_rounding: str = "truncate") -> None:
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"unsupported render_mode {render_mode!r}")
-        self.render_mode = render_mode
-        self._rect_coord = RECT_ROUNDING[rect_rounding]
+        self._rect_coord = check_options(self, render_mode, rect_rounding)
         self.action_space = spaces.Discrete(2)
         self.observation_space = spaces.Box(
             low=np.array([-HEIGHT, -HEIGHT, -HEIGHT, -HEIGHT, 0, 0, 0], dtype=np.float32),
