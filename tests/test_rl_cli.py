@@ -176,12 +176,17 @@ def test_tiny_dqn_run_with_probes(tmp_path, act):
     assert summary["final_return"] == pytest.approx(np.mean(run.scalars["episode_return"][1][-max(1, int(np.ceil(0.1 * summary["episodes"]))):]))
 
 
-def test_run_without_probes_still_logs_episode_returns(tmp_path):
+def test_run_without_probes_still_logs_episode_returns(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"  # SB3's default logger would leave an empty SB3-<date> folder here per run
+    temp.mkdir()
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(temp))
     summary = _train(["dqn", "--env", "CartPole-v1", "--act", "elephant", "--hidden", "32", "--steps", "300",
-                      "--set", "learning_starts=50", "--out", str(tmp_path)])
+                      "--set", "learning_starts=50", "--out", str(tmp_path / "runs")])
     r = _check_run(Path(summary["run_dir"]), 300)
     assert len(r["run"].scalars["episode_return"][1]) == summary["episodes"] > 0
     assert r["run"].probes.keys() <= {"inputs"}
+    assert [p.name for p in temp.iterdir() if p.name.startswith("SB3-")] == []
 
 
 @pytest.mark.parametrize("act", ["elephant", "relu"])

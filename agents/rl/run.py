@@ -19,6 +19,7 @@ import yaml
 from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CallbackList
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
@@ -63,13 +64,19 @@ def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_model(config: Mapping[str, Any], env: VecEnv | None = None) -> BaseAlgorithm:
-    """The SB3 algorithm of a resolved config (``env`` defaults to :func:`build_env`)."""
+    """The SB3 algorithm of a resolved config (``env`` defaults to :func:`build_env`).
+
+    Its logger keeps the latest values in memory (``logger.name_to_value``, which the run log reads) and writes
+    nothing: SB3's default logger would create an empty ``SB3-<date>`` folder in the temp directory per ``learn``.
+    """
     algo = config["algo"]
     lr = config["learning_rate"]
     schedule = LinearSchedule(lr, 0.0, 1.0) if config.get("lr_schedule") == "linear" else lr
-    return ALGORITHMS[algo](POLICIES[algo], build_env(config) if env is None else env, learning_rate=schedule,
-                            policy_kwargs=policy_kwargs(config), seed=config["seed"], device=config["device"],
-                            verbose=0, **algo_kwargs(config))
+    model = ALGORITHMS[algo](POLICIES[algo], build_env(config) if env is None else env, learning_rate=schedule,
+                             policy_kwargs=policy_kwargs(config), seed=config["seed"], device=config["device"],
+                             verbose=0, **algo_kwargs(config))
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 def online_parameters(model: BaseAlgorithm) -> int:
