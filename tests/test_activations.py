@@ -9,7 +9,7 @@ def literal(x, h, a, d):
 
 
 @pytest.mark.parametrize("implementation", ["fused", "autograd"])
-@pytest.mark.parametrize("d", [1.0, 2.0, 3.0, 4.0, 8.0, 2.5])
+@pytest.mark.parametrize("d", [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 2.5])
 def test_elephant_matches_literal_float64(d, implementation):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 7, generator=g, dtype=torch.float64) * 2
@@ -40,6 +40,35 @@ def test_elephant_gradcheck_x_h_a(d, implementation):
     assert torch.autograd.gradgradcheck(f, (x, h, a))
 
 
+@pytest.mark.parametrize("d", [1.0, 3.0, 4.0, 6.0, 8.0, 2.5])
+def test_elephant_module_gradients_match_literal_float64(d):
+    """The module's path (the fused function on log h and log a) against autograd through the literal formula."""
+    g = torch.Generator().manual_seed(2)
+    e = Elephant(d=d, num_units=7).double()
+    with torch.no_grad():
+        e.log_h.copy_(torch.randn(7, generator=g, dtype=torch.float64) * 0.3)
+        e.log_a.copy_(torch.randn(7, generator=g, dtype=torch.float64) * 0.3 - 1.0)
+    x = (torch.randn(3, 64, 7, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    w = torch.randn(3, 64, 7, generator=g, dtype=torch.float64)
+    log_h, log_a = (p.detach().clone().requires_grad_() for p in (e.log_h, e.log_a))
+    x2 = x.detach().clone().requires_grad_()
+    y, ref = e(x), literal(x2, log_h.exp(), log_a.exp(), d)
+    assert type(y.grad_fn).__name__ == "_ElephantFunctionBackward"
+    assert torch.allclose(y, ref, rtol=1e-13, atol=1e-15)
+    ours = torch.autograd.grad((y * w).sum(), (x, e.log_h, e.log_a))
+    theirs = torch.autograd.grad((ref * w).sum(), (x2, log_h, log_a))
+    for a1, a2 in zip(ours, theirs):
+        assert torch.allclose(a1, a2, rtol=1e-11, atol=1e-13)
+    with torch.no_grad():
+        assert torch.allclose(e(x), ref, rtol=1e-13, atol=1e-15)
+    small = Elephant(d=d, num_units=3).double()
+    xs = (torch.randn(4, 3, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+    f = lambda v, lh, la: torch.func.functional_call(small, {"log_h": lh, "log_a": la}, (v,))
+    args = (xs, small.log_h.detach().clone().requires_grad_(), small.log_a.detach().clone().requires_grad_())
+    assert torch.autograd.gradcheck(f, args)
+    assert torch.autograd.gradgradcheck(f, args)
+
+
 def test_elephant_module_parameters_and_freezing():
     e = Elephant(d=4, h=2.0, a=0.3, num_units=5)
     assert {n for n, _ in e.named_parameters()} == {"log_h", "log_a"}
@@ -54,7 +83,7 @@ def test_elephant_module_parameters_and_freezing():
         Elephant(a=0.0)
 
 
-@pytest.mark.parametrize("rows", [4, 40000])  # below and above FUSED_MIN_NUMEL
+@pytest.mark.parametrize("rows", [4, 40000])
 def test_elephant_under_torch_func(rows):
     e = Elephant(d=8, num_units=3).double()
     x = torch.randn(rows, 3, dtype=torch.float64)
