@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,51 +28,48 @@ SPARSITY_FIELDS = ("activation_sparsity", "gradient_sparsity", "dormant", "satur
 
 
 @dataclass(frozen=True)
-class Curve:
-    """A scalar series of several runs on a common step grid.
-
-    steps: ``(G,)`` grid, evenly spaced from the first to the last recorded step of any run.
-    values: ``(R, G)`` each run's series interpolated onto the grid, NaN outside the run's recorded range.
-    """
+class _OverRuns:
+    """``values`` of several runs stacked on axis 0, at ``steps``; statistics over the runs ignore NaN."""
 
     steps: np.ndarray
     values: np.ndarray
 
     @property
     def n(self) -> np.ndarray:
-        """``(G,)`` number of runs with a value at each grid step."""
+        """``values.shape[1:]`` number of runs with a value (not NaN)."""
         return np.sum(~np.isnan(self.values), axis=0)
 
     @property
     def mean(self) -> np.ndarray:
-        """``(G,)`` mean over runs (NaN where no run has a value)."""
-        return _nanmean(self.values)
+        """``values.shape[1:]`` mean over runs; NaN where no run has a value."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "mean of empty slice": NaN is the answer
+            return np.nanmean(self.values, axis=0)
 
     @property
     def sem(self) -> np.ndarray:
-        """``(G,)`` standard error of the mean over runs, ``std(ddof=1) / sqrt(n)``; NaN where ``n < 2``."""
-        return _nansem(self.values)
+        """``values.shape[1:]`` standard error of the mean over runs, ``std(ddof=1) / sqrt(n)``; NaN where
+        ``n < 2``."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "degrees of freedom <= 0": NaN is the answer
+            return np.nanstd(self.values, axis=0, ddof=1) / np.sqrt(self.n)
 
 
 @dataclass(frozen=True)
-class Series:
+class Curve(_OverRuns):
+    """A scalar series of several runs on a common step grid.
+
+    steps: ``(G,)`` grid, evenly spaced from the first to the last recorded step of any run.
+    values: ``(R, G)`` each run's series interpolated onto the grid, NaN outside the run's recorded range.
+    """
+
+
+@dataclass(frozen=True)
+class Series(_OverRuns):
     """A probe field over time, at the steps that every run recorded.
 
     steps: ``(T,)``; values: ``(R, T, *field_shape)``.
     """
-
-    steps: np.ndarray
-    values: np.ndarray
-
-    @property
-    def mean(self) -> np.ndarray:
-        """``(T, *field_shape)`` mean over runs."""
-        return _nanmean(self.values)
-
-    @property
-    def sem(self) -> np.ndarray:
-        """``(T, *field_shape)`` standard error over runs; NaN with fewer than 2 runs."""
-        return _nansem(self.values)
 
 
 @dataclass(frozen=True)
@@ -97,19 +95,6 @@ class Record:
     target: int
     seed: int
     value: np.ndarray
-
-
-def _nanmean(values: np.ndarray) -> np.ndarray:
-    n = np.sum(~np.isnan(values), axis=0)
-    total = np.nansum(values, axis=0)
-    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
-
-
-def _nansem(values: np.ndarray) -> np.ndarray:
-    n = np.sum(~np.isnan(values), axis=0)
-    dev = np.nansum((values - _nanmean(values)) ** 2, axis=0)
-    std = np.sqrt(dev / np.maximum(n - 1, 1))
-    return np.where(n > 1, std / np.sqrt(np.maximum(n, 1)), np.nan)
 
 
 # --- grouping -----------------------------------------------------------------------
