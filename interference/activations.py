@@ -82,29 +82,33 @@ def _value_and_slope(x: Tensor, h: Tensor, a: Tensor, d: float) -> tuple[Tensor,
             q = _int_pow(u, int(d) - 1, inplace=True)
         else:
             q = torch.sign(u) if d == 1 else u.abs().pow_(d - 1).mul_(torch.sign(u))
-    y = s * h
-    return y, s, q.mul_(s).mul_(y).mul_(a.reciprocal().mul_(-d))
+    y = s * h  # may be wider than x / a (h broadcast to more dims): the slope grows with it
+    slope = q.mul_(s).mul_(y) if y.shape == q.shape else q.mul_(s) * y
+    return y, s, slope.mul_(a.reciprocal().mul_(-d))
 
 
 class _ElephantFunction(torch.autograd.Function):
-    """y = h / (1 + |x/a|^d) with a fused first-order backward, taking ``(h, a)`` or, with ``log=True``, the
-    module's ``(log h, log a)``. The forward keeps ``dy/dx`` and ``w = dy/dh`` (``dy/dlog h = y``), so the backward
-    is ``dL/dx = g dy/dx``, ``dL/dh = sum(g w)`` and ``dL/dlog a = a dL/da = -sum(dL/dx x)`` (``y`` depends on
-    ``x / a`` only). Under ``create_graph=True`` it differentiates the plain formula instead, so higher derivatives
-    are exact. Written without ``setup_context``: its per-call argument binding costs ~40 us, as much as the kernels
-    at RL batch sizes; in exchange it cannot run under ``torch.func`` transforms (see :func:`elephant`).
+    """y = h / (1 + |x/a|^d) with fused first-order derivatives, taking ``(h, a)`` or, with ``log=True``, the
+    module's ``(log h, log a)``. The forward keeps ``s = dy/dh`` and ``dy/dx``, so the backward is
+    ``dL/dx = g dy/dx``, ``dL/dh = sum(g s)`` (times ``h`` for ``log h``) and ``dL/dlog a = a dL/da = -sum(dL/dx x)``
+    (``y`` depends on ``x / a`` only); ``jvp`` (forward-mode AD) uses the same factors. Under ``create_graph=True``
+    the backward differentiates the plain formula instead, so higher derivatives are exact. The output itself is not
+    saved, so in-place ops on it stay legal. Written without ``setup_context``: its per-call argument binding costs
+    ~40 us, as much as the kernels at RL batch sizes; in exchange it cannot run under ``torch.func`` transforms (see
+    :func:`elephant`).
     """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, h: Tensor, a: Tensor, d: float, log: bool) -> Tensor:  # type: ignore[override]
         y, s, slope = _value_and_slope(x, h.exp() if log else h, a.exp() if log else a, d)
-        ctx.save_for_backward(x, h, a, y if log else s, slope)
+        ctx.save_for_backward(x, h, a, s, slope)
+        ctx.save_for_forward(x, h, a, s, slope)
         ctx.d, ctx.log = d, log
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        x, h, a, w, slope = ctx.saved_tensors
+        x, h, a, s, slope = ctx.saved_tensors
         needs = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # double backward: the gradient of the differentiable formula
             wanted = [t for t, n in zip((x, h, a), needs) if n]
@@ -114,11 +118,25 @@ class _ElephantFunction(torch.autograd.Function):
         need_x, need_h, need_a = needs
         # grad may be batched (is_grads_batched): it enters out of place, in-place ops act on fresh tensors only
         gx = grad * slope if need_x or need_a else None
-        gh = _sum_to(grad * w, h.shape) if need_h else None
+        gh = _sum_to(grad * s, h.shape) if need_h else None
         ga = _sum_to(gx * x, a.shape).neg_() if need_a else None
-        if ga is not None and not ctx.log:
+        if ctx.log:
+            gh = gh.mul_(h.exp()) if gh is not None else None
+        elif ga is not None:
             ga = ga.div_(a)
         return (gx if need_x else None), gh, ga, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, dx: Tensor | None, dh: Tensor | None, da: Tensor | None, *_: Any) -> Tensor:
+        x, h, a, s, slope = ctx.saved_tensors
+        dy = torch.zeros_like(slope)
+        if dx is not None:
+            dy = dy + dx * slope
+        if dh is not None:
+            dy = dy + dh * (s * h.exp() if ctx.log else s)
+        if da is not None:  # dy/da = -(x / a) dy/dx, dy/dlog a = -x dy/dx
+            dy = dy - da * (x * slope if ctx.log else x / a * slope)
+        return dy
 
 
 def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:

@@ -135,3 +135,47 @@ def test_fused_elephant_with_full_shape_h_and_a():
     x, h, a = (torch.rand(6, generator=g, dtype=torch.float64) + 0.2 for _ in range(3))
     args = [t.clone().requires_grad_() for t in (x, h, a)]
     assert torch.autograd.gradcheck(lambda x, h, a: elephant(x, h, a, 4.0, implementation="fused"), args)
+
+
+@pytest.mark.parametrize("h_shape", [(1, 3), (4, 3)])
+def test_fused_elephant_with_h_wider_than_x(h_shape):
+    """``h`` may broadcast the output to more dimensions than ``x / a`` has: values and gradients still match."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
+    h = (torch.rand(h_shape, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+    a = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    assert torch.allclose(elephant(x, h, a, 4.0, implementation="fused"), literal(x, h, a, 4.0))
+    assert torch.autograd.gradcheck(lambda x, h, a: elephant(x, h, a, 4.0, implementation="fused"), (x, h, a))
+
+
+def test_elephant_output_can_be_modified_in_place():
+    """The fused function does not save its output, so in-place ops after it (ReLU(inplace=True), add_) work."""
+    e = Elephant(num_units=3).double()
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    e(x).add_(1.0).sum().backward()
+    ref = torch.autograd.grad(literal(x, e.h, e.a, 4.0).sum(), x)[0]
+    assert torch.allclose(x.grad, ref)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch's forward AD
+def test_elephant_forward_mode_ad_matches_literal_jvp():
+    import torch.autograd.forward_ad as fwad
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    h = torch.rand(3, generator=g, dtype=torch.float64) + 0.5
+    a = torch.rand(3, generator=g, dtype=torch.float64) + 0.2
+    e = Elephant(d=4, num_units=3).double()
+    log_h, log_a = e.log_h.detach(), e.log_a.detach()
+    tangents = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (x, h, a)]
+    ref_fn = torch.func.jvp(lambda *v: literal(*v, 4.0), (x, h, a), tuple(tangents))[1]
+    ref_mod = torch.func.jvp(lambda v, lh, la: literal(v, lh.exp(), la.exp(), 4.0), (x, log_h, log_a),
+                             tuple(tangents))[1]
+    module = lambda v, lh, la: torch.func.functional_call(e, {"log_h": lh, "log_a": la}, (v,))
+    with fwad.dual_level():
+        duals = [fwad.make_dual(t, dt) for t, dt in zip((x, h, a), tangents)]
+        got_fn = fwad.unpack_dual(elephant(*duals, 4.0, implementation="fused")).tangent
+        duals = [fwad.make_dual(t, dt) for t, dt in zip((x, log_h, log_a), tangents)]
+        got_mod = fwad.unpack_dual(module(*duals)).tangent
+    assert torch.allclose(got_fn, ref_fn, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(got_mod, ref_mod, rtol=1e-12, atol=1e-14)
