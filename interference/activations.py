@@ -162,7 +162,7 @@ def elephant(x: Tensor, h: Tensor | float = 1.0, a: Tensor | float = 1.0, d: flo
     keep ``dy/dx``, then three products and two sums backward), ``"autograd"`` (the same repeated-squaring formula
     in plain torch ops) or ``"auto"`` (fused). Under ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``,
     ...) both run the plain ops; without grad (acting, target networks) both compute the power in place. All are
-    exact and support double backward.
+    exact and support double backward and forward-mode AD.
     """
     h = torch.as_tensor(h, dtype=x.dtype, device=x.device)
     a = torch.as_tensor(a, dtype=x.dtype, device=x.device)
