@@ -39,9 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         parser.exit(2, f"{parser.prog} {name}: error: {err}\n")
     run_dir = cmd.run_dir(config, out)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.exit(2, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
     summary = cmd.run(config, run_dir)
     print(json.dumps(summary, indent=1, default=str))
-    return 0
+    return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains
 
 
 if __name__ == "__main__":

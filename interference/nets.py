@@ -101,9 +101,10 @@ def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
 
 
 def _mlp_parameters(in_features: int, width: int, depth: int, out_features: int, activation: str,
-                    act_kwargs: Mapping[str, Any] | None, output_bias: bool) -> int:
+                    act_kwargs: Mapping[str, Any] | None, output_bias: bool, layer_norm: bool | None = None) -> int:
     with torch.device("meta"):
-        net = mlp(in_features, [width] * depth, out_features, activation, act_kwargs, output_bias=output_bias)
+        net = mlp(in_features, [width] * depth, out_features, activation, act_kwargs, layer_norm=layer_norm,
+                  output_bias=output_bias)
     return count_parameters(net)
 
 
@@ -117,12 +118,14 @@ def match_width(
     act_kwargs: Mapping[str, Any] | None = None,
     reference_kwargs: Mapping[str, Any] | None = None,
     output_bias: bool = True,
+    layer_norm: bool | None = None,
 ) -> int:
     """Hidden width for ``activation`` whose MLP has about as many parameters as the ``reference`` MLP.
 
-    ``reference`` is ``(activation, width)``. Widths of Maxout/LWTA stay multiples of ``k``. Example: on
-    MountainCar (2 inputs, 3 actions) with Elephant 1000 as reference this gives ReLU 1667, FTA(k=20) 159,
-    Maxout(k=5) 2780; the paper rounds these to 1700 / 170 / 3000.
+    ``reference`` is ``(activation, width)`` with the paper's conventions (LayerNorm iff Elephant); ``layer_norm``
+    is the matched MLP's (``None``: iff Elephant), whose parameters count too. Widths of Maxout/LWTA stay multiples
+    of ``k``. Example: on MountainCar (2 inputs, 3 actions) with Elephant 1000 as reference this gives ReLU 1667,
+    FTA(k=20) 159, Maxout(k=5) 2780; the paper rounds these to 1700 / 170 / 3000.
     """
     target = _mlp_parameters(in_features, reference[1], depth, out_features, reference[0], reference_kwargs,
                              output_bias)
@@ -130,7 +133,7 @@ def match_width(
     step = kwargs.get("k", 5) if activation.lower() in ("maxout", "lwta") else 1
 
     def count(w: int) -> int:
-        return _mlp_parameters(in_features, w, depth, out_features, activation, kwargs, output_bias)
+        return _mlp_parameters(in_features, w, depth, out_features, activation, kwargs, output_bias, layer_norm)
 
     lo, hi = step, step
     while count(hi) < target:

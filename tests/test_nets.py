@@ -44,6 +44,13 @@ def test_match_width_reproduces_paper_mountaincar_widths():
         assert abs(count_parameters(mlp(2, [w], 3, act, kwargs)) - target) / target < 0.01
 
 
+def test_match_width_counts_layer_norm_of_the_matched_net():
+    target = count_parameters(mlp(2, [1000], 3, "elephant"))
+    w = match_width("relu", 2, 3, layer_norm=True)
+    assert abs(count_parameters(mlp(2, [w], 3, "relu", layer_norm=True)) - target) <= 6  # one unit = 6 params
+    assert w < match_width("relu", 2, 3)
+
+
 def test_mlp_bad_input():
     with pytest.raises(ValueError, match="hidden width must be a positive int"):
         mlp(2, [0], 3)

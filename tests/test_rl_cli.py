@@ -23,14 +23,14 @@ from probes import read_run
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _train(args: list[str]) -> dict:
+def _train(args: list[str], status: int = 0) -> dict:
     """Run the CLI in this process; returns the printed summary."""
     import io
     from contextlib import redirect_stdout
 
     buf = io.StringIO()
     with redirect_stdout(buf):
-        assert main(args) == 0
+        assert main(args) == status
     return json.loads(buf.getvalue())
 
 
@@ -127,6 +127,8 @@ def test_classic_grid_plans_unique_runs(tmp_path):
     (["dqn", "--set", "no_such_key=1"], "unknown dqn settings ['no_such_key']"),
     (["dqn", "--config", "/nonexistent/c.yml"], "cannot read config file /nonexistent/c.yml"),
     (["dqn", "--act", "elephant", "--a", "-1"], "a must be a positive finite number"),
+    (["dqn", "--set", "exploration_fraction=0.5", "--set", "exploration_steps=100"],
+     "set exploration_steps (absolute) or exploration_fraction (of the run), not both"),
 ])
 def test_config_errors_exit_2_with_a_message(capsys, tmp_path, args, message):
     err = _error(capsys, [*args, "--out", str(tmp_path)])
@@ -219,6 +221,8 @@ def test_atari_dqn_elephant_with_gradcov_probe(tmp_path):
     gradcov = r["run"].probes["gradcov"]
     assert len(gradcov["step"]) == 10 and gradcov["td"].shape[1:] == (32, 32)  # every 30 steps (a tenth)
     assert r["config"]["derived"]["cnn"]
+    saved = json.loads((run_dir / "summary.json").read_text(), parse_constant=pytest.fail)  # strict JSON: no NaN
+    assert saved["episodes"] == 0 and saved["final_return"] is None
     from agents.rl.dqn import PaperDQN
     from interference.activations import Elephant
 
@@ -230,7 +234,7 @@ def test_atari_dqn_elephant_with_gradcov_probe(tmp_path):
 
 def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):
     summary = _train(["dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "32", "--steps", "3000",
-                      "--lr", "1e30", "--set", "learning_starts=50", "--out", str(tmp_path)])
+                      "--lr", "1e30", "--set", "learning_starts=50", "--out", str(tmp_path)], status=1)
     assert summary["status"] == "nan" and summary["steps"] < 3000
     err = capsys.readouterr().err
     assert "the training loss became" in err and "stopping the run" in err
@@ -239,7 +243,8 @@ def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):
     assert (Path(summary["run_dir"]) / "model.zip").is_file()
 
 
-def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path, sig):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act",
                              "elephant", "--hidden", "32", "--steps", "1000000", "--out", str(tmp_path)],
@@ -249,9 +254,9 @@ def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path):
     while not (run_dir / "run.h5").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     time.sleep(1.5)  # some training steps
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert "interrupted at step" in err and "model and log saved" in err and "Traceback" not in err
     run = read_run(run_dir / "run.h5")
     assert len(run.scalars["episode_return"][1]) > 0
@@ -260,6 +265,33 @@ def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path):
     from agents.rl.dqn import PaperDQN
 
     assert PaperDQN.load(run_dir / "model.zip").num_timesteps == summary["steps"]
+
+
+def test_unwritable_out_exits_2_with_a_message(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = _error(capsys, ["dqn", "--env", "CartPole-v1", "--steps", "10", "--out", str(blocker)])
+    assert "cannot create the run directory" in err and "Traceback" not in err
+
+
+def test_exploration_fraction_replaces_the_absolute_schedule():
+    assert resolve("dqn", {})["exploration_steps"] == 1000
+    c = resolve("dqn", {"set": ["exploration_fraction=0.5"]})
+    assert c["exploration_steps"] is None and c["exploration_fraction"] == 0.5
+
+
+def test_saved_config_reused_with_another_activation(tmp_path):
+    """A run's config.yaml with --act X: the file's activation settings (arguments, LayerNorm, bias spread) belong
+    to its own activation and give way to X's defaults; everything else is kept."""
+    for source, other in (("elephant", "relu"), ("relu", "elephant")):
+        extra = {"d": 8} if source == "elephant" else {}
+        saved = resolve("dqn", {"env": "CartPole-v1", "act": source, "lr": 3e-4, **extra})
+        path = tmp_path / f"{source}.yaml"
+        path.write_text(yaml.safe_dump(saved))
+        reused = resolve("dqn", {"config": str(path), "act": other})
+        fresh = resolve("dqn", {"env": "CartPole-v1", "act": other, "lr": 3e-4})
+        assert reused == fresh
+    assert resolve("dqn", {"config": str(tmp_path / "elephant.yaml")})["act_kwargs"]["d"] == 8
 
 
 def test_config_error_class_is_the_commands_one():

@@ -20,7 +20,7 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
-__all__ = ["RunCallback", "stop_on_sigint", "final_return"]
+__all__ = ["RunCallback", "stop_on_signals", "final_return", "STOP_SIGNALS"]
 
 #: SB3 logger keys -> run-log scalar names (the scalars ProbeCallback declares)
 def final_return(returns: list[float], fraction: float = 0.1) -> float:
@@ -39,8 +39,8 @@ class RunCallback(BaseCallback):
         progress: show a tqdm bar on stderr.
         desc: the bar's label.
 
-    After ``learn`` returns, ``stop_reason`` is ``None`` (finished), ``"interrupted"`` (Ctrl-C) or ``"nan"``
-    (a non-finite loss; ``stop_message`` says which).
+    After ``learn`` returns, ``stop_reason`` is ``None`` (finished), ``"interrupted"`` (Ctrl-C or SIGTERM; the
+    signal number is ``stop_signal``) or ``"nan"`` (a non-finite loss; ``stop_message`` says which).
     """
 
     def __init__(self, total: int, *, progress: bool = True, desc: str = "") -> None:
@@ -49,6 +49,7 @@ class RunCallback(BaseCallback):
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.stop_requested = False
+        self.stop_signal = signal.SIGINT
         self.stop_reason: str | None = None
         self.stop_message = ""
         self.wall_seconds = 0.0
@@ -112,10 +113,14 @@ class RunCallback(BaseCallback):
         return True
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def stop_on_sigint(callback: RunCallback) -> Iterator[None]:
-    """While training: the first Ctrl-C asks ``callback`` to stop after the current step (model and log are then
-    saved); a second one interrupts at once. A no-op outside the main thread."""
+def stop_on_signals(callback: RunCallback) -> Iterator[None]:
+    """While training: the first Ctrl-C (SIGINT) or SIGTERM (what cluster schedulers send before killing a job)
+    asks ``callback`` to stop after the current step (model and log are then saved); a second one interrupts at
+    once. A no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -124,11 +129,13 @@ def stop_on_sigint(callback: RunCallback) -> Iterator[None]:
         if callback.stop_requested:
             raise KeyboardInterrupt
         callback.stop_requested = True
-        print("\nCtrl-C: stopping after this step and saving the model and the log (Ctrl-C again to abort)",
-              file=sys.stderr, flush=True)
+        callback.stop_signal = signal.Signals(signum)
+        print(f"\n{callback.stop_signal.name}: stopping after this step and saving the model and the log (send it "
+              "again to abort)", file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

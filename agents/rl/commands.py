@@ -34,8 +34,8 @@ _EPILOG = """\
 Settings come from agents/hyperparams/{algo}.yml (`default`, `atari` for ALE ids, then the env's entry), then
 --config FILE, then flags; the resolved config is saved as RUN_DIR/config.yaml. Runs go to
 OUT/{algo}/ENV/ACT[/SETTINGS]/seedN/ (SETTINGS lists what differs from the defaults) with run.h5 (probes,
-episode returns, losses), config.yaml, model.zip and summary.json. Ctrl-C stops cleanly (model and log saved,
-exit status 130); a NaN loss stops the run with a message.
+episode returns, losses), config.yaml, model.zip and summary.json. Ctrl-C or SIGTERM stops cleanly (model and log
+saved, exit status 130 / 143); a NaN loss stops the run with a message (exit status 1).
 
 examples:
   python -m agents.train {algo} --env {env} --act elephant --seed 0

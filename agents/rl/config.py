@@ -45,6 +45,7 @@ ALIASES = {"lr": "learning_rate", "steps": "n_timesteps", "hidden": "net_arch", 
 #: activation arguments settable as flags (--d, --a, --k, ...); they go into ``act_kwargs``
 ACT_ARGS = tuple(sorted({a for n in activation_names() for a in activation_arguments(n)} - {"num_units"}))
 #: keys that do not change what is trained: left out of the run directory name
+ACTIVATION_KEYS = ("act_kwargs", "sigma_bias", "layer_norm")  # settings that belong to one activation
 RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "torch_threads", "probe", "probe_every",
                 "probe_kwargs", "probe_inputs", "derived")
 
@@ -318,6 +319,9 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"unknown algorithm {algo!r}; choose from {', '.join(ALGOS)}")
     flags, act_flags, path = _split_flags(algo, values)
     from_file = _read_config_file(path, algo) if path is not None else {}
+    if "act" in flags and "act" in from_file and str(flags["act"]).lower() != str(from_file["act"]).lower():
+        # a saved run's config reused with another activation: its activation settings belong to the old one
+        from_file = {k: v for k, v in from_file.items() if k not in ACTIVATION_KEYS}
     env = str(flags.get("env", from_file.get("env", DEFAULT_ENV[algo])))
     if (msg := check_env_id(env)) is not None:
         raise ConfigError(msg)
@@ -330,6 +334,14 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"agents/hyperparams/{algo}.yml entry {name!r}: unknown keys {unknown}")
     merged = _merge(*layers, from_file, flags)
     merged["env"] = env
+    for layer in (flags, from_file):  # the most specific source naming an epsilon schedule decides which one
+        if "exploration_fraction" in layer and layer.get("exploration_steps") is not None:
+            raise ConfigError("set exploration_steps (absolute) or exploration_fraction (of the run), not both; "
+                              "exploration_steps=null selects the fraction")
+        if "exploration_fraction" in layer:
+            merged["exploration_steps"] = None  # an explicit fraction replaces the YAML's absolute schedule
+        if "exploration_fraction" in layer or "exploration_steps" in layer:
+            break
 
     checks = _checks(algo)
     config: dict[str, Any] = {}
@@ -419,7 +431,7 @@ def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _match(act: str, act_kwargs: Mapping[str, Any], in_features: int, out_features: int,
+def _match(act: str, act_kwargs: Mapping[str, Any], layer_norm: bool, in_features: int, out_features: int,
            widths: Sequence[int]) -> list[int]:
     if not widths or act == "elephant":
         return list(widths)
@@ -427,7 +439,7 @@ def _match(act: str, act_kwargs: Mapping[str, Any], in_features: int, out_featur
         raise ConfigError(f"match_width needs equal hidden widths (the Elephant reference), got {list(widths)}")
     try:
         w = match_width(act, in_features, out_features, reference=("elephant", widths[0]), depth=len(widths),
-                        act_kwargs=act_kwargs)
+                        act_kwargs=act_kwargs, layer_norm=layer_norm)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"match_width for {act!r}: {err}") from None
     return [w] * len(widths)
@@ -449,6 +461,7 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"ppo here supports Discrete and Box actions; {config['env']} has {action_space}")
     cnn = is_image_space(obs_space, check_channels=False)
     act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
+    spec = (act, act_kwargs, config["layer_norm"])
     n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))
     arch = config.get("net_arch", [])
     derived: dict[str, Any] = {
@@ -459,7 +472,7 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
     if cnn:
         features = config.setdefault("features_dim", 512)
         n_flat = cnn_flat_features(obs_space.shape)
-        feat = _match(act, act_kwargs, n_flat, n_out, [features]) if match else [features]
+        feat = _match(*spec, n_flat, n_out, [features]) if match else [features]
         derived["features"] = feat[0]
         try:
             feature_out = _out_width(act, act_kwargs, feat[0])
@@ -478,7 +491,7 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
             "vf": (in_features, 1), "qf": (in_features + n_out, 1)}
     hidden = {}
     for role, widths in roles.items():
-        hidden[role] = _match(act, act_kwargs, *outs[role], widths) if match else widths
+        hidden[role] = _match(*spec, *outs[role], widths) if match else widths
         try:
             for w in hidden[role]:
                 _out_width(act, act_kwargs, w)  # validates the width for the activation (e.g. Maxout's k)

@@ -27,7 +27,7 @@ from interference.nets import count_parameters
 from probes import make_probe
 from probes.sb3 import ProbeCallback
 
-from .callbacks import RunCallback, final_return, stop_on_sigint
+from .callbacks import RunCallback, final_return, stop_on_signals
 from .config import OPTIMIZERS, algo_kwargs
 from .dqn import PaperDQN
 from .envs import make_env
@@ -88,6 +88,10 @@ def online_parameters(model: BaseAlgorithm) -> int:
     return count_parameters(model.policy)
 
 
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def _plain(value: Any) -> Any:
     """JSON/YAML-safe copy (tuples -> lists)."""
     if isinstance(value, Mapping):
@@ -100,8 +104,8 @@ def _plain(value: Any) -> Any:
 def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Train the agent of ``config`` into ``run_dir``; returns the run's summary.
 
-    Ctrl-C stops after the current step, saves the model and the log, then exits with status 130. A non-finite
-    loss stops the run with a message on stderr; the summary's ``status`` is then ``"nan"``.
+    Ctrl-C (or SIGTERM) stops after the current step, saves the model and the log, then exits with status 130
+    (143). A non-finite loss stops the run with a message on stderr; the summary's ``status`` is then ``"nan"``.
     """
     config = _plain(config)
     run_dir = Path(run_dir)
@@ -135,7 +139,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     run_cb = RunCallback(steps, progress=progress,
                          desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
     try:
-        with stop_on_sigint(run_cb):
+        with stop_on_signals(run_cb):
             model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
     finally:
         if probe_cb.runner is not None:  # learn raised: close the log so that it stays readable
@@ -152,8 +156,8 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         "status": status,
         "steps": int(model.num_timesteps),
         "episodes": len(run_cb.returns),
-        "final_return": final_return(run_cb.returns),
-        "steps_per_second": model.num_timesteps / wall if wall > 0 else math.nan,
+        "final_return": _finite_or_none(final_return(run_cb.returns)),  # None without episodes (JSON has no NaN)
+        "steps_per_second": _finite_or_none(model.num_timesteps / wall if wall > 0 else math.nan),
         "wall_seconds": wall,
         "parameters": online_parameters(model),
         "run_dir": str(run_dir),
@@ -161,7 +165,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if status == "interrupted":
         print(f"{run_cb.stop_message}; model and log saved in {run_dir}", file=sys.stderr)
-        raise SystemExit(130)
+        raise SystemExit(128 + run_cb.stop_signal)  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
     if status == "nan":
         print(f"error: {run_cb.stop_message}; the log and model so far are in {run_dir}", file=sys.stderr)
     return summary
