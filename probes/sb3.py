@@ -10,6 +10,11 @@ algorithm, the per-sample training losses the gradient-covariance probe needs:
 
 Probe samples come from the callback's own RNG; torch and numpy global RNG states are restored after each probe,
 so training is bit-identical with and without probes.
+
+SB3 runs ``train()`` after ``collect_rollouts`` returns (after ``on_rollout_end``), at the same ``num_timesteps``
+as the next ``on_rollout_start`` or ``on_training_end``: on- and off-policy ``learn`` alike. The callback reads
+an update's losses and learning rate there (a new update: ``_n_updates``, which every SB3 ``train()`` advances,
+has changed), so each record has the step of the update that produced it.
 """
 
 from __future__ import annotations
@@ -161,7 +166,9 @@ class ProbeCallback(BaseCallback):
         config, seed: stored in the file's attributes.
         n_inputs: number of fixed probe inputs for the NTK and sparsity probes, drawn once from the first
             observations the agent stored (replay buffer or rollout).
-        loss_every: env steps between records of SB3's latest losses and learning rate (default: at probe rounds).
+        loss_every: env steps between records of SB3's losses and learning rate: the first update at or after
+            each multiple (default: the first update at or after each probe round). The last update is always
+            recorded.
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],
@@ -176,7 +183,10 @@ class ProbeCallback(BaseCallback):
         self.runner: ProbeRunner | None = None
         self.inputs: Tensor | None = None
         self.loss_every = loss_every
-        self._next_loss = loss_every or 0
+        self._next_loss = 0
+        self._probed = False
+        self._n_updates = 0
+        self._update: tuple[int, dict[str, float]] | None = None  # the latest update's step and scalars, unwritten
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _on_training_start(self) -> None:
@@ -186,6 +196,7 @@ class ProbeCallback(BaseCallback):
         example = probe_context(self.model, self.rng, example_inputs, step=0)
         self.runner = ProbeRunner(self.probes, self.path, example=example, config=self.config, seed=self.seed,
                                   scalars=SCALARS, device=str(self.model.device), extra_attrs=self.extra_attrs)
+        self._n_updates = self.model._n_updates
 
     def _observations(self) -> Tensor | None:
         """``n_inputs`` observations from what the agent has stored so far (None until there are enough)."""
@@ -212,27 +223,45 @@ class ProbeCallback(BaseCallback):
                 self.runner.scalar("episode_length", step, episode["l"])
         if not isinstance(self.model, PPO):
             self._probe(step)
-            self._log_losses(step)
         return True
 
     def _on_rollout_end(self) -> None:
         if isinstance(self.model, PPO):
             self._probe(self.num_timesteps)
-            self._log_losses(self.num_timesteps)
 
-    def _log_losses(self, step: int, *, probe_round: bool = False) -> None:
-        """SB3's latest losses and learning rate, every ``loss_every`` steps (or at each probe round)."""
-        if self.loss_every is None:
-            if not probe_round:
-                return
-        elif probe_round or step < self._next_loss:
+    def _on_rollout_start(self) -> None:
+        self._read_update()
+
+    # -- training scalars --------------------------------------------------------------------------------
+    def _read_update(self) -> None:
+        """Take the losses and learning rate of the ``train()`` call made since the last read (if any) and
+        write them if due; they are stamped with the update's step, the current ``num_timesteps``."""
+        if self.model._n_updates == self._n_updates:
             return
-        else:
-            self._next_loss = (step // self.loss_every + 1) * self.loss_every
+        self._n_updates = self.model._n_updates
+        step = self.model.num_timesteps
         values = self.model.logger.name_to_value
-        for key, name in LOSS_KEYS.items():
-            if key in values:
-                self.runner.scalar(name, step, values[key])
+        self._update = (step, {name: values[key] for key, name in LOSS_KEYS.items() if key in values})
+        if self._update_due(step):
+            self._write_update()
+
+    def _update_due(self, step: int) -> bool:
+        """Whether the update at ``step`` is the first at or after a ``loss_every`` multiple (or a probe round)."""
+        if self.loss_every is None:
+            due, self._probed = self._probed, False
+            return due
+        if step < self._next_loss:
+            return False
+        self._next_loss = (step // self.loss_every + 1) * self.loss_every
+        return True
+
+    def _write_update(self) -> None:
+        """Write the latest update's scalars to the run log, unless they are written already."""
+        if self._update is not None:
+            step, scalars = self._update
+            for name, value in scalars.items():
+                self.runner.scalar(name, step, value)
+            self._update = None
 
     def _probe(self, step: int) -> None:
         if not self.runner.due(step):
@@ -247,9 +276,11 @@ class ProbeCallback(BaseCallback):
             self.runner.on_step(ctx)
         finally:
             np.random.set_state(state)
-        self._log_losses(step, probe_round=True)
+        self._probed = True
 
     def _on_training_end(self) -> None:
         if self.runner is not None:
+            self._read_update()
+            self._write_update()  # the last update, whatever the cadence
             self.runner.close()
             self.runner = None

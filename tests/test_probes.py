@@ -109,3 +109,49 @@ def test_probe_errors():
         make_probe("ntk").fields(ctx)
     with pytest.raises(ValueError, match="needs training losses"):
         make_probe("gradcov").fields(ctx)
+
+
+def _train_with_reference(model, steps, callback):
+    """``model.learn`` under ``callback``; returns (num_timesteps, SB3 logger values) right after each ``train()``."""
+    updates = []
+    train = model.train
+
+    def recorded_train(*args, **kwargs):
+        train(*args, **kwargs)
+        updates.append((model.num_timesteps, dict(model.logger.name_to_value)))
+
+    model.train = recorded_train
+    model.learn(steps, callback=callback)
+    return updates
+
+
+@pytest.mark.parametrize("loss_every", [1, None])
+def test_ppo_training_scalars_are_stamped_with_their_update(loss_every, tmp_path):
+    # SB3 calls train() after on_rollout_end: a record read there would carry the previous update's values
+    total = 256
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0, n_steps=64, batch_size=64, n_epochs=1,
+                learning_rate=lambda progress: 1e-3 * progress, policy_kwargs={"net_arch": [16]})
+    callback = ProbeCallback([make_probe("weights", every=64)], tmp_path / "run.h5", config={}, seed=0,
+                             loss_every=loss_every)
+    updates = _train_with_reference(model, total, callback)
+    run = read_run(tmp_path / "run.h5")
+    steps, lr = run.scalars["learning_rate"]
+    assert steps.tolist() == [64, 128, 192, 256]  # one record per update, the last one included
+    assert np.allclose(lr, [1e-3 * (1 - s / total) for s in steps], rtol=0, atol=1e-12)
+    loss_steps, loss = run.scalars["loss"]
+    assert loss_steps.tolist() == [s for s, _ in updates] == steps.tolist()
+    assert np.allclose(loss, [values["train/loss"] for _, values in updates], rtol=1e-6)
+
+
+def test_dqn_training_scalars_are_stamped_with_their_update(tmp_path):
+    model = DQN("MlpPolicy", "CartPole-v1", seed=0, learning_starts=50, buffer_size=400, train_freq=4,
+                gradient_steps=2, target_update_interval=50, policy_kwargs={"net_arch": [16]})
+    callback = ProbeCallback([make_probe("weights", every=64)], tmp_path / "run.h5", config={}, seed=0,
+                             loss_every=100)
+    updates = dict(_train_with_reference(model, 310, callback))
+    assert min(updates) == 52 and max(updates) == model.num_timesteps == 312  # train() after each 4-step rollout
+    run = read_run(tmp_path / "run.h5")
+    steps, loss = run.scalars["loss"]
+    assert steps.tolist() == [52, 100, 200, 300, 312]  # first update at/after each multiple of 100, and the last
+    assert np.allclose(loss, [updates[s]["train/loss"] for s in steps.tolist()], rtol=1e-6)
+    assert run.scalars["learning_rate"][0].tolist() == steps.tolist()

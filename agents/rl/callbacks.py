@@ -1,8 +1,7 @@
-"""The training-run callback: progress bar, episode returns, loss scalars, Ctrl-C and NaN stops.
+"""The training-run callback: progress bar, episode returns, Ctrl-C / SIGTERM and NaN stops.
 
-Place it before :class:`probes.sb3.ProbeCallback` in the ``CallbackList``: it logs the loss scalars into the
-probe callback's run log at its own cadence, except at steps where a probe is due (the probe callback logs them
-there), so no step is logged twice.
+The run log (episode returns, losses, probes) is :class:`probes.sb3.ProbeCallback`'s; this callback keeps the
+returns for the summary and decides when a run stops early.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from tqdm import tqdm
 
 __all__ = ["RunCallback", "stop_on_signals", "final_return", "STOP_SIGNALS"]
 
-#: SB3 logger keys -> run-log scalar names (the scalars ProbeCallback declares)
 def final_return(returns: list[float], fraction: float = 0.1) -> float:
     """Mean over the last ``ceil(fraction * n)`` episodes (at least one); NaN without episodes."""
     if not returns:
