@@ -127,6 +127,8 @@ def test_classic_grid_plans_unique_runs(tmp_path):
     (["dqn", "--set", "no_such_key=1"], "unknown dqn settings ['no_such_key']"),
     (["dqn", "--config", "/nonexistent/c.yml"], "cannot read config file /nonexistent/c.yml"),
     (["dqn", "--act", "elephant", "--a", "-1"], "a must be a positive finite number"),
+    (["dqn", "--set", "policy_kwargs={foo: 1}"], "policy_kwargs: the dqn policy does not take ['foo']"),
+    (["ppo", "--set", "policy_kwargs={net_arch: [8]}"], "policy_kwargs ['net_arch'] come from the config; set net_arch"),
     (["dqn", "--set", "exploration_fraction=0.5", "--set", "exploration_steps=100"],
      "set exploration_steps (absolute) or exploration_fraction (of the run), not both"),
 ])

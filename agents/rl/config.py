@@ -13,6 +13,7 @@ the hidden widths actually built) that is recomputed on every resolution and ign
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
@@ -30,7 +31,7 @@ from interference.activations import activation_arguments, activation_names, mak
 from interference.nets import match_width
 
 from .envs import check_env_id, env_spaces, is_atari
-from .policies import cnn_flat_features
+from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy, cnn_flat_features
 
 __all__ = ["ALGOS", "ALIASES", "ACT_ARGS", "DEFAULT_ENV", "OPTIMIZERS", "resolve", "hyperparams", "run_tag",
            "algo_kwargs", "RUNTIME_KEYS"]
@@ -354,6 +355,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
         if config.get(key) is None:
             raise ConfigError(f"{algo} needs {key}")
 
+    _check_policy_kwargs(algo, config.get("policy_kwargs") or {})
     _resolve_activation(config, act_flags, from_file, flags)
     config.pop("activations", None)
     _resolve_probes(config)
@@ -365,6 +367,39 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     config["optimizer_kwargs"] = _check_optimizer(config)
     config["derived"] = _derive(algo, config)
     return _ordered(algo, config)
+
+
+_POLICIES = {"dqn": ActDQNPolicy, "ppo": ActActorCriticPolicy, "sac": ActSACPolicy}
+_SET_BY_US = {"observation_space", "action_space", "lr_schedule"}  # SB3 passes these to every policy
+# policy arguments that the config's own keys set (run.policy_kwargs would silently override them)
+_FROM_CONFIG = {"activation": "act", "activation_fn": "act", "act_kwargs": "act_kwargs", "layer_norm": "layer_norm",
+                "sigma_bias": "sigma_bias", "net_arch": "net_arch", "optimizer_class": "optimizer",
+                "optimizer_kwargs": "optimizer_kwargs", "features_extractor_kwargs": "features_dim"}
+
+
+def _keyword_arguments(cls: type) -> set[str]:
+    """Keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up the MRO."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _check_policy_kwargs(algo: str, policy_kwargs: Mapping[str, Any]) -> None:
+    owned = sorted(set(policy_kwargs) & set(_FROM_CONFIG))
+    if owned:
+        keys = ", ".join(sorted({_FROM_CONFIG[k] for k in owned}))
+        raise ConfigError(f"policy_kwargs {owned} come from the config; set {keys} instead")
+    allowed = _keyword_arguments(_POLICIES[algo]) - _SET_BY_US - set(_FROM_CONFIG)
+    unknown = sorted(set(policy_kwargs) - allowed)
+    if unknown:
+        raise ConfigError(f"policy_kwargs: the {algo} policy does not take {unknown}; it takes "
+                          f"{', '.join(sorted(allowed))}")
 
 
 def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], from_file: Mapping[str, Any],
