@@ -128,6 +128,10 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         import multiprocessing
 
         progress = sys.stderr.isatty() and multiprocessing.parent_process() is None
+    starts = config.get("learning_starts")
+    if starts is not None and config["n_timesteps"] <= starts:
+        print(f"note: learning_starts={starts} >= steps={config['n_timesteps']}: no gradient update will run",
+              file=sys.stderr)
     env = build_env(config)
     model = build_model(config, env)
     probes = [make_probe(name, every=config["probe_every"], **config["probe_kwargs"].get(name, {}))
