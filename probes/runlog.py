@@ -10,6 +10,7 @@ This module is the only place that knows the file layout::
     /probes/<probe>/<field> field.dtype, shape (n, *field.shape)
     /scalars/<name>/step    int64, shape (n,)
     /scalars/<name>/value   float64, shape (n,)
+    /scalars/run_end        optional, one record at the last step: how the run ended, ``RUN_END[int(value)]``
 
 Crash safety and live reading rely on HDF5 SWMR (single writer, multiple readers):
 every dataset is created up front (SWMR forbids creating objects or attributes later),
@@ -43,6 +44,9 @@ FORMAT_VERSION = 1
 #: File format bounds: SWMR needs at least the HDF5 1.10 format; files stay readable by
 #: HDF5 >= 1.10 (h5py >= 2.7) as long as no newer feature is used.
 LIBVER = ("v110", "latest")
+
+#: How a run ended, coded by position in the optional ``run_end`` scalar (a NaN loss stops a run as ``"nan"``).
+RUN_END = ("finished", "interrupted", "nan")
 
 _RESERVED_ATTRS = frozenset(
     {"format", "format_version", "config", "seed", "provenance", "device", "probe_settings",

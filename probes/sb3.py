@@ -33,11 +33,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .probe import Probe, ProbeContext
+from .runlog import RUN_END
 from .runner import ProbeRunner
 
 __all__ = ["ProbeCallback", "probe_context"]
 
-SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
+SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate", "run_end")
 LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
              "train/learning_rate": "learning_rate"}  # SB3 logger key -> run-log scalar
 
@@ -169,11 +170,14 @@ class ProbeCallback(BaseCallback):
         loss_every: env steps between records of SB3's losses and learning rate: the first update at or after
             each multiple (default: the first update at or after each probe round). The last update is always
             recorded.
+        end_status: called when training ends, one of :data:`probes.runlog.RUN_END`, written as the ``run_end``
+            scalar (default: ``"finished"`` if the run reached its ``total_timesteps``, else ``"interrupted"``).
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],
                  seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None,
-                 loss_every: int | None = None, verbose: int = 0) -> None:
+                 loss_every: int | None = None, end_status: Callable[[], str] | None = None,
+                 verbose: int = 0) -> None:
         super().__init__(verbose)
         self.probes = list(probes)
         self.path = os.fspath(path)
@@ -183,6 +187,7 @@ class ProbeCallback(BaseCallback):
         self.runner: ProbeRunner | None = None
         self.inputs: Tensor | None = None
         self.loss_every = loss_every
+        self.end_status = end_status
         self._next_loss = 0
         self._probed = False
         self._n_updates = 0
@@ -282,5 +287,9 @@ class ProbeCallback(BaseCallback):
         if self.runner is not None:
             self._read_update()
             self._write_update()  # the last update, whatever the cadence
+            step = self.model.num_timesteps
+            status = self.end_status() if self.end_status is not None else \
+                ("finished" if step >= self.model._total_timesteps else "interrupted")
+            self.runner.scalar("run_end", step, RUN_END.index(status))
             self.runner.close()
             self.runner = None

@@ -6,13 +6,14 @@
 """
 
 from .data import (
-    CurrentNTK, Curve, Record, Series, current_ntk, default_steps, final_return, gradcov_losses,
-    group_by_config, layer_names, learning_curve, nearest_record, ntk_kind, ntk_matrix, probe_inputs,
-    probe_series, select_records, training_length,
+    CurrentNTK, Curve, Record, Series, config_key, config_labels, current_ntk, default_steps, final_return,
+    finished, gradcov_losses, group_by_config, layer_names, learning_curve, nearest_record, ntk_kind, ntk_matrix,
+    probe_inputs, probe_series, run_end, select_records, training_length,
 )
 
 __all__ = [
-    "CurrentNTK", "Curve", "Record", "Series", "current_ntk", "default_steps", "final_return", "gradcov_losses",
-    "group_by_config", "layer_names", "learning_curve", "nearest_record", "ntk_kind", "ntk_matrix",
-    "probe_inputs", "probe_series", "select_records", "training_length",
+    "CurrentNTK", "Curve", "Record", "Series", "config_key", "config_labels", "current_ntk", "default_steps",
+    "final_return", "finished", "gradcov_losses", "group_by_config", "layer_names", "learning_curve",
+    "nearest_record", "ntk_kind", "ntk_matrix", "probe_inputs", "probe_series", "run_end", "select_records",
+    "training_length",
 ]

@@ -1,7 +1,8 @@
 """Command line: ``python -m reports RUN.h5 [RUN2.h5 ... | DIR ...] -o OUT/ [--steps 1000,5000]``.
 
-Reads the run logs (directories: every ``*.h5`` under them), writes the figures and ``OUT/index.html``, prints
-the path of ``index.html``. A path that is missing or not a run log is reported on one line; exit code 2.
+Reads the run logs (directories: every ``*.h5`` under them; an unreadable one found there is skipped with a
+warning), writes the figures and ``OUT/index.html``, prints the path of ``index.html``. A path that is missing or
+not a run log, no readable run log, or an output path that cannot be written is reported on one line; exit code 2.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from probes.runlog import RunLogError
 
 from .build import build_report
-from .cli import load_runs, steps_arg
+from .cli import OutputDirError, load_runs, output_dir, steps_arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,10 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--window must be >= 1")
     try:
         runs = load_runs(args.runs)
-    except RunLogError as err:
+        out = output_dir(args.out)
+    except (RunLogError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(build_report(runs, args.out, steps=args.steps, window=args.window))
+    print(build_report(runs, out, steps=args.steps, window=args.window))
     return 0
 
 

@@ -3,9 +3,12 @@ replay-buffer size, per environment and activation, at each setting's best learn
 
     python -m reports.classic RUNS_DIR [MORE ...] -o OUT/
 
-Final return = mean episode return over the last 10% of a run's episodes (as in the paper); per (env, activation,
-buffer size) the learning rate with the highest mean final return over seeds is selected, and the page shows that
-mean ± standard error over seeds (std with ddof=1 / sqrt(n)).
+Runs are grouped by their whole config except the seed; groups that differ only in the learning rate are one
+setting. Final return = mean episode return over the last 10% of a run's episodes (as in the paper); per setting
+the learning rate with the highest mean final return over seeds is selected, and the page shows that mean ±
+standard error over seeds (std with ddof=1 / sqrt(n)). Runs that did not finish (interrupted, diverged, or for
+logs without a ``run_end`` record, last record short of ``n_timesteps``) and repeats of a config and seed are left
+out with a warning on stderr.
 """
 
 from __future__ import annotations
@@ -23,84 +26,137 @@ from matplotlib.figure import Figure
 
 from probes.runlog import Run, RunLogError
 
-from .cli import load_runs
-from .data import final_return
+from .cli import OutputDirError, load_runs, output_dir, warn
+from .data import config_key, config_labels, final_return, finished, run_end, training_length
 from .html import Table, write_index
 from .plots import save
 
 __all__ = ["ClassicRow", "classic_table", "buffer_figure", "main"]
 
+_KEYS = ("env", "act", "buffer_size", "learning_rate")  # config keys the study needs
+
 
 @dataclass(frozen=True)
 class ClassicRow:
+    """One point: final return at a setting's best learning rate, over seeds. `setting` names the config keys
+    that set it apart from the other settings of its env and activation besides the buffer size (e.g.
+    ``"n_timesteps=2000"``), empty if none."""
+
     env: str
     act: str
     buffer_size: int
+    setting: str
     best_lr: float
     mean: float
     sem: float
     n_seeds: int
 
 
-def classic_table(runs: Sequence[Run]) -> list[ClassicRow]:
-    """Best-learning-rate final return per (env, activation, buffer size), from DQN run logs."""
-    groups: dict[tuple[str, str, int], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
+def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
+    """The DQN runs with episodes that finished, one per (config, seed) (the first by path); and a warning line
+    per DQN run left out (config lacking a study key, unfinished, no episodes, or a repeat of a config and
+    seed)."""
+    kept: dict[tuple[str, int], Run] = {}
+    warnings = []
+    for run in sorted(runs, key=lambda r: r.path):
         c = run.config
-        if c.get("algo") != "dqn" or "episode_return" not in run.scalars or len(run.scalars["episode_return"][0]) == 0:
+        if c.get("algo") != "dqn":
             continue
-        groups[(c["env"], c["act"], int(c["buffer_size"]))][float(c["learning_rate"])].append(final_return(run))
+        key = (config_key(c), run.seed)
+        if missing := [k for k in _KEYS if k not in c]:
+            warnings.append(f"{run.path}: config has no {', '.join(missing)}; left out")
+        elif not finished(run):
+            how = {"nan": "diverged (non-finite loss)", "interrupted": "interrupted"}.get(run_end(run), "unfinished")
+            warnings.append(f"{run.path}: {how} run (last record at step {training_length(run)} of "
+                            f"n_timesteps {c['n_timesteps']}); left out")
+        elif len(run.scalars.get("episode_return", ((), ()))[1]) == 0:
+            warnings.append(f"{run.path}: no episodes recorded; left out")
+        elif key in kept:
+            warnings.append(f"{run.path}: same config and seed {run.seed} as {kept[key].path}; counted once")
+        else:
+            kept[key] = run
+    return list(kept.values()), warnings
+
+
+def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
+    """Best-learning-rate final return per setting (config except seed and learning rate) from the DQN runs in
+    `runs`, and a warning line per DQN run left out (see `_usable_runs`)."""
+    usable, warnings = _usable_runs(runs)
+    finals: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    configs: dict[str, dict] = {}
+    for run in usable:
+        key = config_key(run.config, ("seed", "learning_rate"))
+        configs.setdefault(key, run.config)
+        finals[key][float(run.config["learning_rate"])].append(final_return(run))
+    by_env_act: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for key, c in configs.items():
+        by_env_act[(c["env"], c["act"])].append(key)
     rows = []
-    for (env, act, buffer), by_lr in sorted(groups.items()):
-        lr, values = max(by_lr.items(), key=lambda kv: np.mean(kv[1]))
-        v = np.asarray(values)
-        sem = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
-        rows.append(ClassicRow(env, act, buffer, lr, float(v.mean()), sem, len(v)))
-    return rows
+    for keys in by_env_act.values():
+        labels = config_labels([configs[k] for k in keys], skip=("seed", "learning_rate", "buffer_size"))
+        for key, setting in zip(keys, labels):
+            c = configs[key]
+            lr, values = max(finals[key].items(), key=lambda kv: np.mean(kv[1]))
+            v = np.asarray(values)
+            sem = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+            rows.append(ClassicRow(c["env"], c["act"], int(c["buffer_size"]), setting, lr, float(v.mean()), sem,
+                                   len(v)))
+    return sorted(rows, key=lambda r: (r.env, r.act, r.setting, r.buffer_size)), warnings
+
+
+def _line_label(row: ClassicRow) -> str:
+    return f"{row.act} {row.setting}".strip()
 
 
 def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
-    """One panel per environment: final return (mean ± SE) against buffer size (log scale), one line per activation."""
+    """One panel per environment: final return (mean ± SE) against buffer size (log scale), one line per
+    activation and setting."""
     envs = sorted({r.env for r in rows})
     fig = Figure(figsize=(4.5 * len(envs), 3.6), layout="constrained")
     axes = fig.subplots(1, len(envs), squeeze=False)[0]
     for ax, env in zip(axes, envs):
-        for act in sorted({r.act for r in rows if r.env == env}):
-            pts = sorted((r.buffer_size, r.mean, r.sem) for r in rows if r.env == env and r.act == act)
+        here = [r for r in rows if r.env == env]
+        for label in dict.fromkeys(map(_line_label, here)):
+            pts = sorted((r.buffer_size, r.mean, r.sem) for r in here if _line_label(r) == label)
             x, m, s = (np.array(v, dtype=float) for v in zip(*pts))
-            ax.plot(x, m, marker="o", label=act)
+            ax.plot(x, m, marker="o", label=label)
             ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), alpha=0.2)
         ax.set_xscale("log")
         ax.set_xlabel("buffer size")
         ax.set_ylabel("final return (last 10% of episodes)")
         ax.set_title(env)
-        ax.legend()
+        ax.legend(fontsize=7)
     return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
     parser = argparse.ArgumentParser(prog="python -m reports.classic", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="run logs or directories of them")
     parser.add_argument("-o", "--out", type=Path, required=True, help="output folder")
     args = parser.parse_args(argv)
     try:
-        rows = classic_table(load_runs(args.paths))
+        rows, warnings = classic_table(load_runs(args.paths))
+        for message in warnings:
+            warn(message)
         if not rows:
-            raise RunLogError(f"no DQN runs with episodes under {', '.join(map(str, args.paths))}")
-    except RunLogError as err:
+            raise RunLogError(f"no finished DQN runs with episodes under {', '.join(map(str, args.paths))}")
+        out = output_dir(args.out)
+    except (RunLogError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    save(buffer_figure(rows), args.out / "buffer_sizes.png")
-    table = Table("Final return at the best learning rate (mean ± SE over seeds)",
-                  ["env", "activation", "buffer", "best lr", "final return", "seeds"],
-                  [[r.env, r.act, str(r.buffer_size), f"{r.best_lr:g}", f"{r.mean:.1f} ± {r.sem:.1f}", str(r.n_seeds)]
-                   for r in rows])
-    index = write_index(args.out, "DQN on classic tasks across buffer sizes", [table],
+    save(buffer_figure(rows), out / "buffer_sizes.png")
+    settings = any(r.setting for r in rows)
+    columns = ["env", "activation", *(["setting"] if settings else []), "buffer", "best lr", "final return", "seeds"]
+    cells = [[r.env, r.act, *([r.setting] if settings else []), str(r.buffer_size), f"{r.best_lr:g}",
+              f"{r.mean:.1f} ± {r.sem:.1f}", str(r.n_seeds)] for r in rows]
+    table = Table("Final return at the best learning rate (mean ± SE over seeds)", columns, cells)
+    index = write_index(out, "DQN on classic tasks across buffer sizes", [table],
                         {"Final return against buffer size": [("best learning rate per point", "buffer_sizes.png")]})
     for r in rows:
         print(f"{r.env:16s} {r.act:9s} buffer {r.buffer_size:6d}  lr {r.best_lr:<7g} "
-              f"{r.mean:8.1f} ± {r.sem:.1f}  ({r.n_seeds} seeds)")
+              f"{r.mean:8.1f} ± {r.sem:.1f}  ({r.n_seeds} seeds)  {r.setting}".rstrip())
     print(index)
     return 0
 

@@ -1,23 +1,47 @@
-"""What the report commands share: reading run logs named on the command line, and step lists."""
+"""What the report commands share: reading run logs named on the command line, the output folder, warnings and
+step lists."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from probes.runlog import Run, RunLogError, find_runs, read_run
 
-__all__ = ["load_runs", "steps_arg"]
+__all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "warn"]
+
+
+class OutputDirError(ValueError):
+    """The output folder cannot be created or written to."""
+
+
+def warn(message: str) -> None:
+    """Print ``warning: MESSAGE`` as one line on stderr."""
+    print(f"warning: {message}".replace("\n", " "), file=sys.stderr)
+
+
+def _read(path: str) -> Run:
+    """`read_run`, with every failure a RunLogError whose message starts with `path`."""
+    try:
+        return read_run(path)
+    except RunLogError as err:
+        raise RunLogError(str(err) if path in str(err) else f"{path}: {err}") from err
+    except OSError as err:
+        raise RunLogError(f"{path}: cannot read: {err.strerror or err}") from err
 
 
 def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
     """Every run log in `paths` (files, or directories searched recursively), each once.
 
-    Raises RunLogError naming the path for a missing path, a directory without ``*.h5`` files, or a file that is
-    not a readable run log.
+    A run log found in a directory that cannot be read is skipped with a warning on stderr naming it and the
+    reason. Raises RunLogError naming the path for a missing path, a directory without ``*.h5`` files, a file
+    named in `paths` that is not a readable run log, or when no run log at all is readable.
     """
-    found: list[str] = []
+    named: dict[str, bool] = {}  # real path -> named in `paths` (not only found in a directory)
     for arg in paths:
         try:
             here = find_runs(arg)
@@ -25,16 +49,40 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
             raise RunLogError(f"{arg}: no such file or directory") from None
         if not here:
             raise RunLogError(f"{arg}: no *.h5 run logs in this directory")
-        found += here
-    runs = []
-    for path in dict.fromkeys(os.path.realpath(p) for p in found):
+        for path in here:
+            real = os.path.realpath(path)
+            named[real] = named.get(real, False) or not os.path.isdir(arg)
+    runs, unreadable = [], []
+    for path, strict in named.items():
         try:
-            runs.append(read_run(path))
+            runs.append(_read(path))
         except RunLogError as err:
-            raise RunLogError(str(err) if path in str(err) else f"{path}: {err}") from err
-        except OSError as err:
-            raise RunLogError(f"{path}: cannot read: {err.strerror or err}") from err
+            if strict:
+                raise
+            unreadable.append(str(err))
+    if not runs:
+        raise RunLogError(unreadable[0] if len(unreadable) == 1
+                          else f"none of the {len(unreadable)} run logs is readable; the first: {unreadable[0]}")
+    for message in unreadable:
+        warn(f"skipping {message}")
     return runs
+
+
+def output_dir(path: str | os.PathLike) -> Path:
+    """`path` as a folder the report can be written into, created (with its parents) if missing.
+
+    Raises OutputDirError naming `path` if it is an existing file, or cannot be created or written to.
+    """
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{out}: output path exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise OutputDirError(f"{out}: cannot write the report there: {err.strerror or err}") from None
+    return out
 
 
 def steps_arg(text: str) -> list[int]:

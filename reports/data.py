@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from probes.runlog import Run
+from probes.runlog import RUN_END, Run
 
 __all__ = [
-    "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "group_by_config", "learning_curve",
-    "final_return", "probe_series", "layer_names", "training_length", "default_steps", "nearest_record",
-    "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix", "probe_inputs", "SPARSITY_FIELDS",
+    "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "config_key", "config_labels", "group_by_config",
+    "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
+    "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
+    "probe_inputs", "SPARSITY_FIELDS",
 ]
 
 SPARSITY_FIELDS = ("activation_sparsity", "gradient_sparsity", "dormant", "saturated")
@@ -104,29 +105,59 @@ def _format_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def config_key(config: Mapping[str, Any], ignore: Sequence[str] = ("seed",)) -> str:
+    """`config` without the keys in `ignore`, as JSON with sorted keys: equal for runs of one configuration."""
+    return json.dumps({k: v for k, v in config.items() if k not in ignore}, sort_keys=True, default=str)
+
+
+def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys, e.g. ``{"act_kwargs": {"d": 4}}`` -> ``{"act_kwargs.d": 4}``."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_labels(configs: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()) -> list[str]:
+    """A label per config naming the settings that differ between `configs`, e.g. ``"act=elephant lr=0.001"``.
+
+    Nested dicts are compared entry by entry (``act_kwargs.d=4``; an entry a config lacks is left out of its
+    label, a top-level key it lacks shows as ``key=(unset)``). The ``derived`` entry (recomputed from the
+    settings) and the top-level keys in `skip` are never shown. Labels may be empty.
+    """
+    hidden = {"derived", *skip}
+    top = {k for c in configs for k in c}
+    flat = [{k: v for k, v in _leaves(c).items() if k.split(".")[0] not in hidden} for c in configs]
+    keys = list(dict.fromkeys(k for c in flat for k in c))
+    differing = [k for k in keys if any(k not in c for c in flat)
+                 or len({json.dumps(c[k], sort_keys=True, default=str) for c in flat}) > 1]
+    return [" ".join(f"{k}={_format_value(c[k])}" if k in c else f"{k}=(unset)"
+                     for k in differing if k in c or k in top) for c in flat]
+
+
 def group_by_config(runs: Iterable[Run], ignore: Sequence[str] = ("seed",)) -> dict[str, list[Run]]:
     """Group runs whose configs are equal except for the keys in `ignore`.
 
-    Labels list the config keys whose values differ between groups, e.g. ``"act=elephant lr=0.001"`` (a key a
-    config lacks shows as ``key=(unset)``); a single group is labelled by its ``algo``, ``env`` and ``act``.
-    Groups keep the order of their first run; runs within a group are sorted by seed.
+    Labels list the settings that differ between groups (see `config_labels`), e.g. ``"act=elephant
+    lr=0.001"``; groups that differ in none of them (e.g. a single group) are labelled by ``algo``, ``env`` and
+    ``act``. Groups keep the order of their first run; runs within a group are sorted by seed.
     """
     groups: dict[str, list[Run]] = {}
     configs: dict[str, dict] = {}
     for run in runs:
-        config = {k: v for k, v in run.config.items() if k not in ignore}
-        key = json.dumps(config, sort_keys=True, default=str)
+        key = config_key(run.config, ignore)
         groups.setdefault(key, []).append(run)
-        configs.setdefault(key, config)
-    keys = list(dict.fromkeys(k for c in configs.values() for k in c))
-    differing = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str)
-                                         for c in configs.values()}) > 1]
-    if not differing:
-        differing = [k for k in ("algo", "env", "act") if k in keys]
+        configs.setdefault(key, {k: v for k, v in run.config.items() if k not in ignore})
+    texts = config_labels(list(configs.values()))
+    if not any(texts):
+        texts = [" ".join(f"{k}={_format_value(c[k])}" for k in ("algo", "env", "act") if k in c)
+                 for c in configs.values()]
     labels: dict[str, str] = {}
-    for key, config in configs.items():
-        parts = [f"{k}={_format_value(config[k]) if k in config else '(unset)'}" for k in differing]
-        label = " ".join(parts) or "all runs"
+    for key, text in zip(configs, texts):
+        label = text or "all runs"
         n = sum(1 for other in labels.values() if other == label or other.startswith(f"{label} #"))
         labels[key] = f"{label} #{n + 1}" if n else label  # e.g. "1" and 1 print alike
     return {labels[key]: sorted(group, key=lambda r: r.seed) for key, group in groups.items()}
@@ -228,6 +259,23 @@ def training_length(run: Run) -> int:
     last = [int(c["step"].max()) for c in run.probes.values() if len(c["step"])]
     last += [int(steps.max()) for steps, _ in run.scalars.values() if len(steps)]
     return max(last, default=0)
+
+
+def run_end(run: Run) -> str | None:
+    """How the run ended (one of :data:`probes.runlog.RUN_END`: ``"finished"``, ``"interrupted"``, ``"nan"``), from
+    its ``run_end`` scalar; None for a log without one (still running, killed, or written by another tool)."""
+    steps, values = run.scalars.get("run_end", ((), ()))
+    return RUN_END[int(values[-1])] if len(values) else None
+
+
+def finished(run: Run) -> bool:
+    """Whether the run reached its end: its ``run_end`` is ``"finished"``; for a log without ``run_end``, its last
+    record is within the last 1% of the config's ``n_timesteps`` (True if the config has none)."""
+    end = run_end(run)
+    if end is not None:
+        return end == "finished"
+    total = run.config.get("n_timesteps")
+    return total is None or training_length(run) >= int(total) - int(total) // 100
 
 
 def default_steps(run: Run) -> list[int]:

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from probes.runlog import Run, RunLogError
 
 from . import data, paper, plots
-from .cli import load_runs, steps_arg
+from .cli import load_runs, output_dir, steps_arg
 from .html import Table, write_index
 
 __all__ = [
@@ -669,8 +669,8 @@ def build_stream_report(stream_runs: Sequence[Run], edit_runs: Sequence[Run], ou
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m reports.stream RUNS_DIR [...] -o OUT/ [--seeds-note TEXT] [--steps 1,50,200]``: find the
     ``stream-sin`` and ``edit`` run logs, write the report, print the table and the path of ``index.html``.
-    Bad input (missing path, not a run log, no stream/edit runs, runs of different experiments): one line on
-    stderr, exit code 2."""
+    Bad input (missing path, not a run log, no stream/edit runs, runs of different experiments, an output path
+    that cannot be written): one line on stderr, exit code 2."""
     parser = argparse.ArgumentParser(
         prog="python -m reports.stream",
         description="Table tb:sin and Figure 2 of the paper from stream-sin/edit run logs.")
@@ -688,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not stream and not edits:
             raise ValueError(f"no stream-sin or edit run logs under {', '.join(args.runs)} "
                              f"({len(runs)} other run log(s))")
-        index = build_stream_report(stream, edits, args.out, note=args.note, steps=args.steps)
+        index = build_stream_report(stream, edits, output_dir(args.out), note=args.note, steps=args.steps)
     except (RunLogError, ValueError) as err:
         print(f"error: {err}".replace("\n", " "), file=sys.stderr)
         return 2

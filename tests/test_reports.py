@@ -255,3 +255,88 @@ def test_not_a_run_log_subprocess(tmp_path):
     assert proc.returncode == 2
     assert str(bad) in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def write_truncated_run_log(path):
+    """A valid run log cut to half its bytes; returns its full size."""
+    write_run(path, 0, 0)
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 2])
+    return size
+
+
+def test_truncated_run_log_named_explicitly_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.h5"
+    write_truncated_run_log(bad)
+    assert main([str(bad), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: corrupt or truncated HDF5 file") and err.count("\n") == 1
+
+
+def test_folder_mode_skips_unreadable_run_logs(tmp_path, capsys):
+    folder = tmp_path / "runs"
+    for i, seed in [(0, 0), (0, 1), (1, 0)]:
+        write_run(folder / f"cfg{i}" / f"seed{seed}.h5", i, seed)
+    size = write_truncated_run_log(folder / "cfg1" / "seed1.h5")
+    write_random_bytes(folder / "junk.h5")
+    out = tmp_path / "report"
+    assert main([str(folder), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(out / "index.html")
+    assert captured.err.splitlines() == [
+        f"warning: skipping {folder / 'cfg1' / 'seed1.h5'}: corrupt or truncated HDF5 file: it has {size // 2} "
+        f"bytes, its superblock says {size}",
+        f"warning: skipping {folder / 'junk.h5'}: not an HDF5 file (no HDF5 signature)"]
+    text = (out / "index.html").read_text()
+    assert "cfg0/seed1.h5" in text and "cfg1/seed0.h5" in text and "cfg1/seed1.h5" not in text
+    assert (out / "curve_episode_return.png").read_bytes()[:8] == PNG
+
+
+def test_folder_without_readable_run_logs_exits_2(tmp_path, capsys):
+    write_truncated_run_log(tmp_path / "a.h5")
+    write_random_bytes(tmp_path / "b.h5")
+    assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: none of the 2 run logs is readable; the first: {tmp_path / 'a.h5'}: corrupt")
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "sysfs"])
+def test_unwritable_output_exits_2(run_dir, tmp_path, capsys, where):
+    (tmp_path / "file").write_text("not a folder")
+    out = {"file": tmp_path / "file", "under_file": tmp_path / "file" / "out", "sysfs": Path("/sys/x")}[where]
+    if where == "sysfs" and not Path("/sys/kernel").is_dir():
+        pytest.skip("no sysfs at /sys")
+    assert main([str(run_dir / "cfg0"), "-o", str(out)]) == 2
+    reason = {"file": "output path exists and is not a directory", "under_file": "cannot write the report there: "
+              "Not a directory", "sysfs": "cannot write the report there: Operation not permitted"}[where]
+    assert capsys.readouterr().err == f"error: {out}: {reason}\n"
+
+
+def test_unwritable_output_subprocess(run_dir, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("not a folder")
+    proc = subprocess.run([sys.executable, "-m", "reports", str(run_dir), "-o", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"error: {out}: output path exists and is not a directory\n"
+
+
+def test_labels_name_only_differing_settings(groups):
+    run = groups["act=relu lr=0.0001"][0]
+    elephant = {"algo": "dqn", "act": "elephant", "act_kwargs": {"d": 4, "h": 1, "a": 0.2}, "n_timesteps": 2000,
+                "derived": {"hidden": {"q": [1000]}, "cnn": False}}
+    configs = [elephant,
+               {**elephant, "act_kwargs": {"d": 8, "h": 1, "a": 0.2}},
+               {**elephant, "act": "relu", "act_kwargs": {}, "derived": {"hidden": {"q": [1667]}, "cnn": False}},
+               {**elephant, "n_timesteps": 50_000, "derived": {"hidden": {"q": [1000]}, "cnn": True}}]
+    runs = [dataclasses.replace(run, config=c) for c in configs]
+    assert list(data.group_by_config(runs)) == ["act=elephant act_kwargs.d=4 act_kwargs.h=1 act_kwargs.a=0.2 "
+                                                "n_timesteps=2000",
+                                                "act=elephant act_kwargs.d=8 act_kwargs.h=1 act_kwargs.a=0.2 "
+                                                "n_timesteps=2000",
+                                                "act=relu n_timesteps=2000",
+                                                "act=elephant act_kwargs.d=4 act_kwargs.h=1 act_kwargs.a=0.2 "
+                                                "n_timesteps=50000"]
+    only_derived = [dataclasses.replace(run, config=c) for c in (elephant, configs[3] | {"n_timesteps": 2000})]
+    assert list(data.group_by_config(only_derived)) == ["algo=dqn act=elephant", "algo=dqn act=elephant #2"]

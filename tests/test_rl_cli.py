@@ -158,6 +158,7 @@ def _check_run(run_dir: Path, steps: int) -> dict:
     assert run.seed == config["seed"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps and summary["status"] == "finished"
+    assert run.scalars["run_end"][0].tolist() == [steps] and run.scalars["run_end"][1].tolist() == [0]  # finished
     return {"run": run, "config": config, "summary": summary}
 
 
@@ -238,6 +239,9 @@ def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):
     summary = _train(["dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "32", "--steps", "3000",
                       "--lr", "1e30", "--set", "learning_starts=50", "--out", str(tmp_path)], status=1)
     assert summary["status"] == "nan" and summary["steps"] < 3000
+    from reports.data import run_end
+
+    assert run_end(read_run(Path(summary["run_dir"]) / "run.h5")) == "nan"
     err = capsys.readouterr().err
     assert "the training loss became" in err and "stopping the run" in err
     run = read_run(Path(summary["run_dir"]) / "run.h5")
@@ -264,6 +268,7 @@ def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path, sig):
     assert len(run.scalars["episode_return"][1]) > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 0 < summary["steps"] < 1000000
+    assert run.scalars["run_end"][0].tolist() == [summary["steps"]] and run.scalars["run_end"][1].tolist() == [1]
     from agents.rl.dqn import PaperDQN
 
     assert PaperDQN.load(run_dir / "model.zip").num_timesteps == summary["steps"]

@@ -138,10 +138,11 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
               for name in config["probe"]]
     log_config = {k: v for k, v in config.items() if k != "progress"}
     steps = config["n_timesteps"]
-    probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
-                             n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100))
     run_cb = RunCallback(steps, progress=progress,
                          desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
+    probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
+                             n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
+                             end_status=lambda: run_cb.stop_reason or "finished")
     try:
         with stop_on_signals(run_cb):
             model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
