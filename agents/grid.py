@@ -11,9 +11,19 @@ A grid file (YAML) names a command of ``agents.train`` and one or more sub-grids
       - {act: [relu], srnn_lambda: [0.1, 0.01], srnn_beta: [0.05, 0.1], lr: [0.001], seed: [0, 1, 2, 3, 4]}
 
 Every entry is validated by the command before anything runs. A run is finished when its run directory holds
-``DONE.json`` (written last, with the run's summary); an interrupted grid re-run skips finished runs and redoes the
-rest. The local backend is a process pool with one torch thread per worker; ``--backend ray`` submits the same
-function to a Ray cluster (``pip install -e .[ray]``; connect with ``RAY_ADDRESS``).
+``DONE.json`` (written last, with the run's summary) and its saved config (``config.yaml``, or the config in
+``DONE.json`` for commands that write none) equals the grid's config for it, ignoring ``progress`` and
+``torch_threads``; a finished run with another config is stale and is redone. An interrupted grid re-run skips
+finished runs and redoes the rest.
+
+Ctrl-C starts no more runs; the running ones get the signal too (they share the terminal's process group) and
+stop cleanly; the grid then prints what finished, was interrupted or was not started and exits with status 130.
+SIGTERM does the same (exit status 143). With ``--workers`` 2 or more, a signal sent to the grid process alone
+(``kill -INT PID``) lets the running runs finish. A run that fails is reported (its traceback goes to
+``ERROR.txt`` in its run directory) and the others go on; the grid then exits with status 1.
+
+The local backend is a process pool with one torch thread per worker; ``--backend ray`` submits the same function
+to a Ray cluster (``pip install -e .[ray]``; connect with ``RAY_ADDRESS``).
 """
 
 from __future__ import annotations
@@ -21,21 +31,34 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import signal
 import sys
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import threading
+import traceback
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import yaml
 from tqdm import tqdm
 
 from .commands import ConfigError, get_command, read_yaml
 
-__all__ = ["GridRun", "expand", "load_grid", "plan", "run_grid", "main"]
+__all__ = ["GridRun", "Outcome", "GridReport", "expand", "load_grid", "plan", "run_grid", "main"]
 
 DONE = "DONE.json"
+ERROR = "ERROR.txt"
+#: config keys that do not change a run's results: a change in them does not make a finished run stale
+IGNORED_KEYS = ("progress", "torch_threads")
+#: signals that stop a grid (a run they stop exits with status 128 + the signal)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -45,8 +68,27 @@ class GridRun:
     run_dir: Path
 
     @property
-    def done(self) -> bool:
-        return (self.run_dir / DONE).exists()
+    def status(self) -> str:
+        """``done`` (finished with this config), ``stale`` (finished with another config) or ``todo``."""
+        if not (self.run_dir / DONE).exists():
+            return "todo"
+        return "done" if _comparable(saved_config(self.run_dir)) == _comparable(self.config) else "stale"
+
+
+def saved_config(run_dir: Path) -> Any:
+    """The config a run directory's files come from: its ``config.yaml``, else the one in ``DONE.json``."""
+    try:
+        if (run_dir / "config.yaml").exists():
+            return yaml.safe_load((run_dir / "config.yaml").read_text())
+        return json.loads((run_dir / DONE).read_text()).get("config")
+    except (OSError, ValueError, yaml.YAMLError):
+        return None  # unreadable: counts as another config
+
+
+def _comparable(config: Any) -> Any:
+    """``config`` as it reads back from JSON (tuples become lists), without :data:`IGNORED_KEYS`."""
+    plain = json.loads(json.dumps(config, default=str))
+    return {k: v for k, v in plain.items() if k not in IGNORED_KEYS} if isinstance(plain, dict) else plain
 
 
 def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -94,59 +136,216 @@ def plan(spec: Mapping[str, Any], out: str | Path) -> list[GridRun]:
     return runs
 
 
+@contextmanager
+def _handling(signals: Sequence[int], handler: Any) -> Iterator[None]:
+    """Handle ``signals`` with ``handler`` inside the block (a no-op outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _ignore_stop_signals() -> None:
+    """Pool worker initializer: a worker stopped between runs could hold the pool's queue lock and hang the others
+    (the pool ends idle workers with a message on that queue, not a signal)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _stop_run(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def execute(run: GridRun) -> dict[str, Any]:
-    """Run one configuration and mark it finished (the function workers and Ray tasks call)."""
+    """Run one configuration and mark it finished (the function workers and Ray tasks call).
+
+    SIGINT or SIGTERM raises SystemExit(128 + signal) unless the command handles it (RL runs stop cleanly, then
+    exit so); an error's traceback is written to the run directory's ``ERROR.txt``.
+    """
     import torch
 
-    torch.set_num_threads(1)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    summary = get_command(run.command).run(run.config, run.run_dir)
-    tmp = run.run_dir / (DONE + ".tmp")
-    tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
-    tmp.replace(run.run_dir / DONE)
+    with _handling(STOP_SIGNALS, _stop_run):
+        torch.set_num_threads(1)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (DONE, ERROR):  # a stale or failed run is redone
+            (run.run_dir / name).unlink(missing_ok=True)
+        try:
+            summary = get_command(run.command).run(run.config, run.run_dir)
+        except Exception:
+            (run.run_dir / ERROR).write_text(traceback.format_exc())
+            raise
+        tmp = run.run_dir / (DONE + ".tmp")
+        tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
+        tmp.replace(run.run_dir / DONE)
     return summary
 
 
+class _Stop:
+    """Whether to start no further runs: after SIGINT / SIGTERM (``signum``, the first one) or a broken pool."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.broken = False
+
+    def __bool__(self) -> bool:
+        return self.signum is not None or self.broken
+
+    def on_signal(self, signum: int, frame: Any = None) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run ended: ``state`` is finished, failed or interrupted; ``detail`` the summary, the error or the
+    signal."""
+
+    run: GridRun
+    state: str
+    detail: Any
+
+
+@dataclass(frozen=True)
+class GridReport:
+    outcomes: list[Outcome]
+    not_started: int
+    stop_signal: int | None  # the signal that stopped the grid (or a run, which stops the grid too)
+
+    def count(self, state: str) -> int:
+        return sum(o.state == state for o in self.outcomes)
+
+    @property
+    def exit_status(self) -> int:
+        if self.stop_signal is not None:
+            return 128 + self.stop_signal
+        return 1 if self.not_started or any(o.state != "finished" for o in self.outcomes) else 0
+
+    def summary(self) -> str:
+        head = (f"grid interrupted by {signal.Signals(self.stop_signal).name}" if self.stop_signal is not None
+                else "grid stopped" if self.not_started else "grid done")
+        lines = [f"{head}: {self.count('finished')} finished, {self.count('failed')} failed, "
+                 f"{self.count('interrupted')} interrupted, {self.not_started} not started"]
+        failed = [o for o in self.outcomes if o.state == "failed"]
+        if failed:
+            lines += ["failed runs:", *(f"  {o.run.run_dir}: {o.detail}" for o in failed)]
+        return "\n".join(lines)
+
+
+def _outcome(run: GridRun, call: Callable[[], dict[str, Any]]) -> Outcome:
+    """The outcome of ``call()`` (which runs ``run`` or fetches its result)."""
+    try:
+        return Outcome(run, "finished", call())
+    except KeyboardInterrupt:
+        return Outcome(run, "interrupted", signal.SIGINT)
+    except SystemExit as err:
+        if isinstance(err.code, int) and err.code - 128 in STOP_SIGNALS:
+            return Outcome(run, "interrupted", signal.Signals(err.code - 128))
+        return Outcome(run, "failed", f"exited with status {err.code}")
+    except Exception as err:
+        lines = "".join(traceback.format_exception_only(err)).strip().splitlines()
+        return Outcome(run, "failed", lines[-1] if lines else type(err).__name__)
+
+
 def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local",
-             progress: bool = True) -> list[tuple[GridRun, dict[str, Any]]]:
-    """Execute the unfinished runs; returns ``(run, summary)`` for the runs executed now."""
-    todo = [r for r in runs if not r.done]
-    if backend == "ray":
-        return _run_ray(todo, progress)
-    if backend != "local":
+             progress: bool = True) -> GridReport:
+    """Execute the runs that are not done, at most ``workers`` at a time; a failed run does not stop the others.
+
+    After SIGINT or SIGTERM, or a run interrupted by one, no further runs start; the running ones are waited for.
+    """
+    todo = [r for r in runs if r.status != "done"]
+    if backend not in ("local", "ray"):
         raise ConfigError(f"unknown backend {backend!r}; choose local or ray")
-    results = []
+    stop = _Stop()
+    outcomes: list[Outcome] = []
     bar = tqdm(total=len(todo), desc="runs", disable=not progress)
-    if workers <= 1:
-        for r in todo:
-            results.append((r, execute(r)))
-            bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(execute, r): r for r in todo}
-            for fut in as_completed(futures):
-                results.append((futures[fut], fut.result()))
-                bar.update()
+
+    def record(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        bar.update()
+        if outcome.state == "interrupted":
+            stop.on_signal(outcome.detail)
+        elif outcome.state == "failed":
+            where = outcome.run.run_dir / ERROR
+            bar.write(f"run failed: {outcome.run.run_dir}: {outcome.detail}"
+                      + (f" (traceback in {where})" if where.exists() else ""), file=sys.stderr)
+
+    def inline(running: dict[Hashable, GridRun]) -> list[Outcome]:
+        _, run = running.popitem()
+        return [_outcome(run, lambda: execute(run))]
+
+    with _handling(STOP_SIGNALS, stop.on_signal):
+        if backend == "ray":
+            _run_ray(todo, stop, record)
+        elif workers <= 1:
+            _drive(todo, 1, lambda run: run.run_dir, inline, stop, record)
+        else:
+            _run_pool(todo, workers, stop, record)
     bar.close()
-    return results
+    return GridReport(outcomes, len(todo) - len(outcomes), stop.signum)
 
 
-def _run_ray(todo: Sequence[GridRun], progress: bool) -> list[tuple[GridRun, dict[str, Any]]]:
+def _drive(todo: Sequence[GridRun], slots: int, start: Callable[[GridRun], Hashable],
+           wait_some: Callable[[dict[Hashable, GridRun]], list[Outcome]], stop: _Stop,
+           record: Callable[[Outcome], None]) -> None:
+    """Keep up to ``slots`` runs going until all ended, or ``stop`` is true and the running ones ended.
+
+    ``start`` starts a run and gives its handle; ``wait_some`` waits for some to end, removes their handles and
+    gives their outcomes.
+    """
+    queue = deque(todo)
+    running: dict[Hashable, GridRun] = {}
+    while queue or running:
+        while queue and len(running) < slots and not stop:
+            run = queue.popleft()
+            running[start(run)] = run
+        if not running:
+            return
+        for outcome in wait_some(running):
+            record(outcome)
+
+
+def _run_pool(todo: Sequence[GridRun], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                             initializer=_ignore_stop_signals) as pool:
+        def wait_some(running: dict[Hashable, GridRun]) -> list[Outcome]:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            outcomes = [_outcome(running.pop(f), f.result) for f in done]
+            if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+                stop.broken = True  # a worker died (out of memory?): the pool takes no more runs
+            return outcomes
+
+        _drive(todo, workers, lambda run: pool.submit(execute, run), wait_some, stop, record)
+
+
+def _run_ray(todo: Sequence[GridRun], stop: _Stop, record: Callable[[Outcome], None]) -> None:
     try:
         import ray
     except ImportError:
         raise ConfigError("the ray backend needs Ray: pip install -e '.[ray]'") from None
     ray.init(ignore_reinit_error=True)
     task = ray.remote(num_cpus=1)(execute)
-    refs = {task.remote(r): r for r in todo}
-    results = []
-    with tqdm(total=len(refs), desc="runs", disable=not progress) as bar:
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            results.append((refs[done[0]], ray.get(done[0])))
-            bar.update()
-    return results
+
+    def wait_some(running: dict[Hashable, GridRun]) -> list[Outcome]:
+        done, _ = ray.wait(list(running), num_returns=1)
+        return [_outcome(running.pop(ref), lambda: ray.get(ref)) for ref in done]
+
+    _drive(todo, max(1, int(ray.cluster_resources().get("CPU", 1))), task.remote, wait_some, stop, record)
+
+
+def _dry_run(runs: Sequence[GridRun]) -> int:
+    try:
+        for r in runs:
+            print(f"{r.status}  {r.run_dir}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (--dry-run | head)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141  # as a program killed by SIGPIPE
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,20 +355,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="root folder of the run directories")
     parser.add_argument("--workers", type=int, default=1, help="parallel local processes")
     parser.add_argument("--backend", choices=["local", "ray"], default="local")
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished with another "
+                                                                "config) or todo")
     args = parser.parse_args(argv)
     try:
         runs = plan(load_grid(args.grid), args.out)
         if args.dry_run:
-            for r in runs:
-                print(f"{'done' if r.done else 'todo'}  {r.run_dir}")
-            return 0
-        finished = sum(r.done for r in runs)
-        print(f"{len(runs)} runs, {finished} already finished", file=sys.stderr)
-        run_grid(runs, workers=args.workers, backend=args.backend)
+            return _dry_run(runs)
+        status = Counter(r.status for r in runs)
+        stale = f", {status['stale']} stale (finished with another config: redone)" if status["stale"] else ""
+        print(f"{len(runs)} runs, {status['done']} already finished{stale}", file=sys.stderr)
+        report = run_grid(runs, workers=args.workers, backend=args.backend)
     except ConfigError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
-    return 0
+    except KeyboardInterrupt:  # Ctrl-C before any run started
+        print("grid interrupted before any run started", file=sys.stderr)
+        return 130
+    print(report.summary(), file=sys.stderr)
+    return report.exit_status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""``python -m agents.grid`` on tiny runs: Ctrl-C, a failing run among others, stale configs, ``--dry-run | head``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agents.grid import load_grid, main, plan
+from probes import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+#: DQN on CartPole with a small net; a grid appends its own settings
+DQN = "command: dqn\nfixed: {env: CartPole-v1, hidden: 16, progress: false, set: [learning_starts=50]}\n"
+#: tiny streaming runs (well under a second each)
+STREAM = "command: stream-sin\nfixed: {n: 20, n_test: 50, width: 32, probe: '', seeds: [0]}\n"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _grid(grid: Path, out: Path, *args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "agents.grid", str(grid), "--out", str(out), *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while not all(p.exists() for p in paths):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"the runs did not start: {proc.communicate()[1]}")
+        time.sleep(0.1)
+    time.sleep(0.5)  # some training steps
+
+
+def _run_dirs(grid: Path, out: Path) -> list[Path]:
+    return [r.run_dir for r in plan(load_grid(grid), out)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_starts_no_queued_run(tmp_path, sig):
+    grid = _write(tmp_path / "grid.yml", DQN + "grids: [{act: [relu], steps: [1000000], seed: [0, 1, 2, 3]}]\n")
+    out = tmp_path / "runs"
+    first, *queued = _run_dirs(grid, out)
+    proc = _grid(grid, out, "--workers", "1")
+    _wait_for([first / "run.h5"], proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err
+    assert f"grid interrupted by {sig.name}: 0 finished, 0 failed, 1 interrupted, 3 not started" in err
+    assert json.loads((first / "summary.json").read_text())["status"] == "interrupted"
+    assert (first / "model.zip").is_file() and not (first / "DONE.json").exists()
+    assert not any(d.exists() for d in queued)
+
+
+def test_ctrl_c_to_the_process_group_stops_both_workers(tmp_path):
+    grid = _write(tmp_path / "grid.yml", DQN + "grids: [{act: [relu], steps: [1000000], seed: [0, 1, 2, 3, 4]}]\n")
+    out = tmp_path / "runs"
+    dirs = _run_dirs(grid, out)
+    proc = _grid(grid, out, "--workers", "2", start_new_session=True)
+    _wait_for([d / "run.h5" for d in dirs[:2]], proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "grid interrupted by SIGINT: 0 finished, 0 failed, 2 interrupted, 3 not started" in err
+    for d in dirs[:2]:
+        assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
+    assert not any(d.exists() for d in dirs[2:])
+
+
+def test_a_failing_run_does_not_stop_the_others(tmp_path):
+    grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, tanh, elu]}]\n")
+    out = tmp_path / "runs"
+    first, failed, last = _run_dirs(grid, out)
+    (failed / "seed0" / "run.h5").mkdir(parents=True)  # valid config, but the run cannot create its log
+    proc = _grid(grid, out, "--workers", "2")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    message = f"{failed}: IsADirectoryError: [Errno 21] Unable to synchronously create file"
+    assert f"run failed: {message}" in err and f"(traceback in {failed / 'ERROR.txt'})" in err
+    assert f"grid done: 2 finished, 1 failed, 0 interrupted, 0 not started\nfailed runs:\n  {message}" in err
+    assert "Traceback" not in err
+    assert "Traceback" in (failed / "ERROR.txt").read_text() and not (failed / "DONE.json").exists()
+    assert (first / "DONE.json").is_file() and (last / "DONE.json").is_file()
+
+
+def _dry_run(capsys, grid: Path, out: Path) -> list[str]:
+    assert main([str(grid), "--out", str(out), "--dry-run"]) == 0
+    return [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+
+
+def test_changed_probe_settings_make_a_finished_run_stale(tmp_path, capsys):
+    out = tmp_path / "runs"
+    base = DQN + "grids: [{act: [relu], steps: [300], seed: [0]"
+    grid = _write(tmp_path / "grid.yml", base + "}]\n")
+    assert main([str(grid), "--out", str(out)]) == 0
+    assert _dry_run(capsys, grid, out) == ["done"]
+    [run_dir] = _run_dirs(grid, out)
+    first = (run_dir / "DONE.json").stat().st_mtime_ns
+
+    _write(grid, base.replace("progress: false", "progress: true") + "}]\n")
+    assert _dry_run(capsys, grid, out) == ["done"]  # the progress bar does not change the results
+    _write(grid, base + ", probe: [sparsity], probe_every: [100]}]\n")
+    assert _dry_run(capsys, grid, out) == ["stale"]
+    assert main([str(grid), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "1 runs, 0 already finished, 1 stale" in err
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["probe"] == ["sparsity"]
+    assert list(read_run(run_dir / "run.h5").probes["sparsity"]["step"]) == [100, 200, 300]
+    assert (run_dir / "DONE.json").stat().st_mtime_ns > first
+    assert _dry_run(capsys, grid, out) == ["done"]
+
+
+def test_stream_runs_are_stale_by_the_config_in_done_json(tmp_path, capsys):
+    out = tmp_path / "runs"
+    base = STREAM + "grids: [{act: [relu]"
+    grid = _write(tmp_path / "grid.yml", base + "}]\n")
+    assert main([str(grid), "--out", str(out)]) == 0
+    _write(grid, base + ", probe: [sparsity], probe_at: ['5,20']}]\n")
+    assert _dry_run(capsys, grid, out) == ["stale"]
+    assert main([str(grid), "--out", str(out)]) == 0
+    assert _dry_run(capsys, grid, out) == ["done"]
+    [run_dir] = _run_dirs(grid, out)
+    assert not (run_dir / "config.yaml").exists()  # stream commands save no config.yaml: DONE.json's config counts
+    assert list(read_run(run_dir / "seed0" / "run.h5").probes["sparsity"]["step"]) == [5, 20]
+
+
+def test_dry_run_into_a_closed_pipe_is_quiet(tmp_path):
+    grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, tanh, elu], lr: [0.1, 0.01, 0.001]}]\n")
+    proc = _grid(grid, tmp_path / "runs", "--dry-run")
+    proc.stdout.close()  # as `| head` does once it has read enough
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == ""
