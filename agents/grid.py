@@ -34,13 +34,11 @@ import json
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -50,6 +48,7 @@ import yaml
 from tqdm import tqdm
 
 from .commands import ConfigError, get_command, read_yaml
+from .signals import STOP_SIGNALS, handling
 
 __all__ = ["GridRun", "Outcome", "GridReport", "expand", "load_grid", "plan", "run_grid", "main"]
 
@@ -57,8 +56,6 @@ DONE = "DONE.json"
 ERROR = "ERROR.txt"
 #: config keys that do not change a run's results: a change in them does not make a finished run stale
 IGNORED_KEYS = ("progress", "torch_threads")
-#: signals that stop a grid (a run they stop exits with status 128 + the signal)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -136,20 +133,6 @@ def plan(spec: Mapping[str, Any], out: str | Path) -> list[GridRun]:
     return runs
 
 
-@contextmanager
-def _handling(signals: Sequence[int], handler: Any) -> Iterator[None]:
-    """Handle ``signals`` with ``handler`` inside the block (a no-op outside the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _ignore_stop_signals() -> None:
     """Pool worker initializer: a worker stopped between runs could hold the pool's queue lock and hang the others
     (the pool ends idle workers with a message on that queue, not a signal)."""
@@ -169,7 +152,7 @@ def execute(run: GridRun) -> dict[str, Any]:
     """
     import torch
 
-    with _handling(STOP_SIGNALS, _stop_run):
+    with handling(STOP_SIGNALS, _stop_run):
         torch.set_num_threads(1)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         for name in (DONE, ERROR):  # a stale or failed run is redone
@@ -278,7 +261,7 @@ def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local
         _, run = running.popitem()
         return [_outcome(run, lambda: execute(run))]
 
-    with _handling(STOP_SIGNALS, stop.on_signal):
+    with handling(STOP_SIGNALS, stop.on_signal):
         if backend == "ray":
             _run_ray(todo, stop, record)
         elif workers <= 1:

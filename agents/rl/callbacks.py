@@ -10,7 +10,6 @@ import contextlib
 import math
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +18,9 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
-__all__ = ["RunCallback", "stop_on_signals", "final_return", "STOP_SIGNALS"]
+from agents.signals import STOP_SIGNALS, handling
+
+__all__ = ["RunCallback", "stop_on_signals", "final_return"]
 
 def final_return(returns: list[float], fraction: float = 0.1) -> float:
     """Mean over the last ``ceil(fraction * n)`` episodes (at least one); NaN without episodes."""
@@ -111,17 +112,11 @@ class RunCallback(BaseCallback):
         return True
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def stop_on_signals(callback: RunCallback) -> Iterator[None]:
     """While training: the first Ctrl-C (SIGINT) or SIGTERM (what cluster schedulers send before killing a job)
     asks ``callback`` to stop after the current step (model and log are then saved); a second one interrupts at
     once. A no-op outside the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handler(signum: int, frame: Any) -> None:
         if callback.stop_requested:
@@ -131,9 +126,5 @@ def stop_on_signals(callback: RunCallback) -> Iterator[None]:
         print(f"\n{callback.stop_signal.name}: stopping after this step and saving the model and the log (send it "
               "again to abort)", file=sys.stderr, flush=True)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
+    with handling(STOP_SIGNALS, handler):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
