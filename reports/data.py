@@ -121,19 +121,34 @@ def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: settings that belong to the activation: labels leave them out where ``act`` alone decides them
+_ACTIVATION_KEYS = ("act_kwargs", "sigma_bias", "layer_norm")
+
+
 def config_labels(configs: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()) -> list[str]:
     """A label per config naming the settings that differ between `configs`, e.g. ``"act=elephant lr=0.001"``.
 
     Nested dicts are compared entry by entry (``act_kwargs.d=4``; an entry a config lacks is left out of its
-    label, a top-level key it lacks shows as ``key=(unset)``). The ``derived`` entry (recomputed from the
-    settings) and the top-level keys in `skip` are never shown. Labels may be empty.
+    label, a top-level key it lacks shows as ``key=(unset)``). The activation's own settings (``act_kwargs``,
+    ``sigma_bias``, ``layer_norm``) are left out where they follow from ``act`` (e.g. Elephant's defaults against
+    ReLU's). The ``derived`` entry (recomputed from the settings) and the top-level keys in `skip` are never shown.
+    Labels may be empty.
     """
     hidden = {"derived", *skip}
     top = {k for c in configs for k in c}
     flat = [{k: v for k, v in _leaves(c).items() if k.split(".")[0] not in hidden} for c in configs]
     keys = list(dict.fromkeys(k for c in flat for k in c))
-    differing = [k for k in keys if any(k not in c for c in flat)
-                 or len({json.dumps(c[k], sort_keys=True, default=str) for c in flat}) > 1]
+
+    def value(c: Mapping[str, Any], k: str) -> str:
+        return json.dumps(c[k], sort_keys=True, default=str) if k in c else "(unset)"
+
+    def follows_from_act(k: str) -> bool:
+        by_act: dict[str, set[str]] = {}
+        for c in flat:
+            by_act.setdefault(value(c, "act"), set()).add(value(c, k))
+        return k.split(".")[0] in _ACTIVATION_KEYS and len(by_act) > 1 and all(len(v) == 1 for v in by_act.values())
+
+    differing = [k for k in keys if len({value(c, k) for c in flat}) > 1 and not follows_from_act(k)]
     return [" ".join(f"{k}={_format_value(c[k])}" if k in c else f"{k}=(unset)"
                      for k in differing if k in c or k in top) for c in flat]
 

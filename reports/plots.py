@@ -7,6 +7,7 @@ the Agg canvas); `save` writes it as a PNG. Mappings are ``{group label: data}``
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,6 +23,11 @@ GRADCOV_CMAP = "RdBu_r"
 GRADCOV_CLIM = (-1.0, 1.0)  # gradient covariance entries are cosines; fixed so panels compare
 _PANEL_IN = 3.2  # inches per heatmap panel
 _LINE_W_IN, _LINE_H_IN = 5.0, 3.4  # inches per line-plot panel
+
+
+def _wrap(label: str, width: int = 45) -> str:
+    """A group label broken into lines that fit above one heatmap panel."""
+    return textwrap.fill(label, width, break_on_hyphens=False)
 
 
 def save(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:
@@ -78,7 +84,7 @@ def gradcov_heatmaps(panels: Mapping[str, Sequence[Record]], loss: str) -> Figur
             ax.set_axis_on()
             image = ax.imshow(record.value, cmap=GRADCOV_CMAP, vmin=GRADCOV_CLIM[0], vmax=GRADCOV_CLIM[1],
                               interpolation="nearest")
-            ax.set_title(f"{label}\nstep {record.step} (seed {record.seed})", fontsize=8)
+            ax.set_title(f"{_wrap(label)}\nstep {record.step} (seed {record.seed})", fontsize=8)
             ax.set_xlabel("sample j", fontsize=8)
             ax.set_ylabel("sample i", fontsize=8)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=r"$C_{ij}$")
@@ -100,7 +106,7 @@ def ntk_matrices(panels: Mapping[str, Sequence[Record]]) -> Figure:
             ax.set_axis_on()
             image = ax.imshow(kernel, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
             fig.colorbar(image, ax=ax, shrink=0.8)
-            ax.set_title(f"{label}\nstep {record.step} (seed {record.seed})", fontsize=8)
+            ax.set_title(f"{_wrap(label)}\nstep {record.step} (seed {record.seed})", fontsize=8)
             ax.set_xlabel("input j", fontsize=8)
             ax.set_ylabel("input i", fontsize=8)
     fig.suptitle("Empirical NTK on the probe inputs")

@@ -331,12 +331,16 @@ def test_labels_name_only_differing_settings(groups):
                {**elephant, "act": "relu", "act_kwargs": {}, "derived": {"hidden": {"q": [1667]}, "cnn": False}},
                {**elephant, "n_timesteps": 50_000, "derived": {"hidden": {"q": [1000]}, "cnn": True}}]
     runs = [dataclasses.replace(run, config=c) for c in configs]
-    assert list(data.group_by_config(runs)) == ["act=elephant act_kwargs.d=4 act_kwargs.h=1 act_kwargs.a=0.2 "
-                                                "n_timesteps=2000",
-                                                "act=elephant act_kwargs.d=8 act_kwargs.h=1 act_kwargs.a=0.2 "
-                                                "n_timesteps=2000",
+    assert list(data.group_by_config(runs)) == ["act=elephant act_kwargs.d=4 n_timesteps=2000",
+                                                "act=elephant act_kwargs.d=8 n_timesteps=2000",
                                                 "act=relu n_timesteps=2000",
-                                                "act=elephant act_kwargs.d=4 act_kwargs.h=1 act_kwargs.a=0.2 "
-                                                "n_timesteps=50000"]
+                                                "act=elephant act_kwargs.d=4 n_timesteps=50000"]
+    # Elephant's defaults against ReLU's follow from act; a LayerNorm ablation within one activation does not
+    plain = [{"act": "elephant", "layer_norm": True, "sigma_bias": 0.4, "act_kwargs": {"d": 4}},
+             {"act": "relu", "layer_norm": False, "sigma_bias": None, "act_kwargs": {}}]
+    assert data.config_labels(plain) == ["act=elephant", "act=relu"]
+    ablation = [*plain, {"act": "relu", "layer_norm": True, "sigma_bias": None, "act_kwargs": {}}]
+    assert data.config_labels(ablation) == ["act=elephant layer_norm=true", "act=relu layer_norm=false",
+                                            "act=relu layer_norm=true"]
     only_derived = [dataclasses.replace(run, config=c) for c in (elephant, configs[3] | {"n_timesteps": 2000})]
     assert list(data.group_by_config(only_derived)) == ["algo=dqn act=elephant", "algo=dqn act=elephant #2"]
