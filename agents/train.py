@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,14 +27,21 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         p.add_argument("--out", type=Path, default=Path("runs"), help="root folder of run directories")
         cmd.add_arguments(p)
+        p.set_defaults(command_parser=p)  # main reports unknown flags with this command's usage
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(next((a for a in argv if a in commands()), None))
-    args = vars(parser.parse_args(argv))
+    namespace, unknown = parser.parse_known_args(argv)
+    args = vars(namespace)
     name, out = args.pop("command"), args.pop("out")
+    command_parser = args.pop("command_parser")
+    if unknown:  # with the command's usage and the nearest of its flags
+        near = difflib.get_close_matches(unknown[0], re.findall(r"--[\w-]+", command_parser.format_usage()), n=1)
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}"
+                             + (f" (did you mean {near[0]}?)" if near else ""))
     cmd = get_command(name)
     try:
         config = cmd.make_config({k: v for k, v in args.items() if v is not None})

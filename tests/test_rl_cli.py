@@ -274,6 +274,14 @@ def test_ctrl_c_stops_cleanly_with_model_and_log_saved(tmp_path, sig):
     assert PaperDQN.load(run_dir / "model.zip").num_timesteps == summary["steps"]
 
 
+def test_misspelled_flag_names_the_command_and_the_nearest_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["dqn", "--setps", "5"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "usage: python -m agents.train dqn" in err
+    assert "unrecognized arguments: --setps 5 (did you mean --steps?)" in err
+
+
 def test_unwritable_out_exits_2_with_a_message(capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
