@@ -67,8 +67,8 @@ def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
             warnings.append(f"{run.path}: config has no {', '.join(missing)}; left out")
         elif not finished(run):
             how = {"nan": "diverged (non-finite loss)", "interrupted": "interrupted"}.get(run_end(run), "unfinished")
-            warnings.append(f"{run.path}: {how} run (last record at step {training_length(run)} of "
-                            f"n_timesteps {c['n_timesteps']}); left out")
+            of = f" of n_timesteps {c['n_timesteps']}" if "n_timesteps" in c else ""
+            warnings.append(f"{run.path}: {how} run (last record at step {training_length(run)}{of}); left out")
         elif len(run.scalars.get("episode_return", ((), ()))[1]) == 0:
             warnings.append(f"{run.path}: no episodes recorded; left out")
         elif key in kept:

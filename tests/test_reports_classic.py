@@ -99,6 +99,14 @@ def test_run_end_record_decides_over_the_last_step(tmp_path):
                         "n_timesteps 5000); left out"]
 
 
+def test_interrupted_run_without_n_timesteps_is_left_out(tmp_path):
+    write_run(tmp_path / "s0.h5", "relu", 32, 1e-3, 0, returns(-110), end="finished")
+    write_run(tmp_path / "s1.h5", "relu", 32, 1e-3, 1, returns(-300), end="interrupted")
+    ((row,), warnings) = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
+    assert row.n_seeds == 1
+    assert warnings == [f"{tmp_path / 's1.h5'}: interrupted run (last record at step 2000); left out"]
+
+
 def test_duplicate_seed_is_counted_once(tmp_path, capsys):
     write_run(tmp_path / "a" / "seed0.h5", "relu", 32, 1e-3, 0, returns(-100), n_timesteps=2000)
     write_run(tmp_path / "b" / "seed0.h5", "relu", 32, 1e-3, 0, returns(-200), n_timesteps=2000)
