@@ -285,11 +285,15 @@ class ProbeCallback(BaseCallback):
 
     def _on_training_end(self) -> None:
         if self.runner is not None:
-            self._read_update()
-            self._write_update()  # the last update, whatever the cadence
-            step = self.model.num_timesteps
-            status = self.end_status() if self.end_status is not None else \
-                ("finished" if step >= self.model._total_timesteps else "interrupted")
-            self.runner.scalar("run_end", step, RUN_END.index(status))
-            self.runner.close()
-            self.runner = None
+            try:
+                self._read_update()
+                self._write_update()  # the last update, whatever the cadence
+                step = self.model.num_timesteps
+                status = self.end_status() if self.end_status is not None else \
+                    ("finished" if step >= self.model._total_timesteps else "interrupted")
+                if status not in RUN_END:
+                    raise ValueError(f"end_status returned {status!r}; expected one of {RUN_END}")
+                self.runner.scalar("run_end", step, RUN_END.index(status))
+            finally:  # the log is closed (and stays readable) whatever happens above
+                self.runner.close()
+                self.runner = None
