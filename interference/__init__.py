@@ -6,8 +6,10 @@ Pure functions on PyTorch modules; nothing here knows about RL, files or the oth
 from .activations import FTA, LWTA, Elephant, Maxout, activation_names, elephant, make_activation
 from .closed_form import one_hidden_layer_ntk
 from .gradcov import gradient_covariance, per_sample_grads
-from .nets import count_parameters, match_width, mlp, spread_bias_
-from .ntk import ntk
+from .nets import count_parameters, match_width, mlp, nature_cnn, spread_bias_
+from .ntk import explain, ntk
+from .plan import ParamPath, Plan
+from .rules import Factor, LayerRule, register_rule, registered_rules
 from .sparsity import (
     dormant_units,
     function_sparsity,
@@ -20,21 +22,29 @@ from .sparsity import (
 __all__ = [
     "Elephant",
     "FTA",
+    "Factor",
+    "LayerRule",
+    "ParamPath",
+    "Plan",
     "LWTA",
     "Maxout",
     "activation_names",
     "count_parameters",
     "dormant_units",
     "elephant",
+    "explain",
     "function_sparsity",
     "gradient_covariance",
     "gradient_sparsity",
     "make_activation",
     "match_width",
     "mlp",
+    "nature_cnn",
     "ntk",
     "one_hidden_layer_ntk",
     "per_sample_grads",
+    "register_rule",
+    "registered_rules",
     "representation_sparsity",
     "saturated_units",
     "sparsity_limit",

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
 
-from .gram import Batch, Implementation, batch_size, jacobian_gram, select_parameters, single_sample_fn
+from .exact import describe_error, loop_jacobian, single_sample_fn
+from .gram import (Batch, Implementation, batch_size, check_per_sample_modes, jacobian_gram, quiet_functorch,
+                   select_parameters)
 
-__all__ = ["gradient_covariance", "per_sample_grads", "LossFn"]
+__all__ = ["gradient_covariance", "per_sample_grads", "loss_outputs", "LossFn"]
 
 LossFn = Callable[[nn.Module, Batch], Tensor]
 """``loss_fn(model, batch) -> (k,)`` per-sample losses (no reduction); samples must not interact."""
+
+
+def loss_outputs(loss_fn: LossFn, model: nn.Module, batch: Batch) -> Tensor:
+    """The per-sample losses as outputs ``(k, 1)`` for the Gram engine."""
+    return _per_sample_losses(loss_fn, model, batch, batch_size(batch)).unsqueeze(1)
 
 
 def _per_sample_losses(loss_fn: LossFn, model: nn.Module, batch: Batch, k: int) -> Tensor:
@@ -49,8 +57,10 @@ def gradient_covariance(
     its diagonal entry is 1, so the matrix stays symmetric with a unit diagonal and never holds NaN.
     """
     k = batch_size(batch)
-    gram = jacobian_gram(lambda b: _per_sample_losses(loss_fn, model, b, batch_size(b)).unsqueeze(1), model, batch,
-                         params=params, output="trace", implementation=implementation)
+    with torch.no_grad():  # check the loss's shape on the whole batch, so an error names the caller's batch size
+        _per_sample_losses(loss_fn, model, batch, k)
+    gram = jacobian_gram(lambda b: loss_outputs(loss_fn, model, b), model, batch, params=params, output="trace",
+                         implementation=implementation)
     if not normalize:
         return gram
     norms = gram.diagonal().clamp_min(0).sqrt()
@@ -63,11 +73,37 @@ def gradient_covariance(
 
 
 def per_sample_grads(
-    model: nn.Module, loss_fn: LossFn, batch: Batch, *, params: Iterable[str] | None = None
+    model: nn.Module, loss_fn: LossFn, batch: Batch, *, params: Iterable[str] | None = None,
+    implementation: str = "auto",
 ) -> dict[str, Tensor]:
-    """Per-sample gradients ``{name: (k, *param.shape)}`` of ``loss_fn`` by ``torch.func.vmap(grad)``."""
+    """Per-sample gradients ``{name: (k, *param.shape)}`` of ``loss_fn``, each sample alone.
+
+    ``implementation``: ``"func"`` (``torch.func.vmap(grad)``), ``"loop"`` (one backward per sample) or ``"auto"``
+    (``vmap``, and the loop with a warning where ``vmap`` cannot run the model).
+    """
+    if implementation not in ("auto", "func", "loop"):
+        raise ValueError(f"implementation must be one of ('auto', 'func', 'loop'), got {implementation!r}")
     k = batch_size(batch)
-    _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
-    selected = {name: p.detach() for name, p in select_parameters(model, params).items()}
-    single = single_sample_fn(model, lambda b: loss_fn(model, b))
-    return torch.func.vmap(torch.func.grad(single), in_dims=(None, 0))(selected, batch)
+    selected = select_parameters(model, params)
+    check_per_sample_modes(model)
+    with torch.no_grad():
+        _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
+    if implementation != "loop":
+        detached = {name: p.detach() for name, p in selected.items()}
+        single = single_sample_fn(model, lambda b: loss_fn(model, b))
+        try:
+            with quiet_functorch():
+                return torch.func.vmap(torch.func.grad(single), in_dims=(None, 0))(detached, batch)
+        except Exception as err:  # noqa: BLE001 - vmap cannot run some modules
+            where = describe_error(model)
+            if implementation == "func":
+                raise RuntimeError(f"implementation='func': torch.func.vmap could not run {where}; use"
+                                   " implementation='loop' (per-sample autograd) or 'auto'") from err
+            warnings.warn(f"torch.func.vmap cannot run {where}; per_sample_grads uses one backward per sample"
+                          " instead", stacklevel=2)
+    jac = loop_jacobian(lambda b: loss_outputs(loss_fn, model, b), model, list(selected), batch)[0]  # (k, P)
+    out, start = {}, 0
+    for name, p in selected.items():
+        out[name] = jac[:, start:start + p.numel()].reshape(k, *p.shape)
+        start += p.numel()
+    return out

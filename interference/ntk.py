@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from torch import Tensor, nn
 
-from .gram import Batch, Implementation, Output, batch_size, jacobian_gram
+from .gradcov import loss_outputs
+from .gram import Batch, Implementation, Output, batch_size, jacobian_gram, plan_for
+from .plan import Plan
 
-__all__ = ["ntk", "model_outputs"]
+__all__ = ["ntk", "explain", "model_outputs"]
 
 
 def model_outputs(model: nn.Module, batch: Batch) -> Tensor:
@@ -43,9 +45,13 @@ def ntk(
         output: ``"full"`` -> ``(N, M, O, O)``; ``"diagonal"`` -> ``(N, M, O)`` (same output index);
             ``"trace"`` -> ``(N, M)`` (sum over the diagonal).
         params: names (as in ``model.named_parameters()``) to differentiate; default: all trainable ones.
-        implementation: ``"auto"`` (default) uses layer-wise kernels for ``Linear``, ``Conv2d``, ``LayerNorm`` and
-            ``Elephant`` and exact ``torch.func`` Jacobians for everything else; ``"layerwise"`` refuses uncovered
-            parameters; ``"func"`` uses ``torch.func`` for all (the reference).
+        implementation: ``"auto"`` (default) puts each parameter a layer-wise rule provably covers (``Linear``,
+            ``Conv2d``, ``LayerNorm``, ``Elephant`` and any registered with :func:`interference.register_rule`) on
+            its rule and the rest on the exact path: ``torch.func`` ``vmap(jacrev)``, or, with one warning, a
+            per-sample autograd loop where ``vmap`` cannot run the model. ``"layerwise"`` refuses parameters no rule
+            covers; ``"func"`` uses ``vmap(jacrev)`` for all (fast, but some modules cannot be vmapped: a clear
+            ``RuntimeError``); ``"loop"`` uses the per-sample autograd loop for all (slowest: ``N + M`` forwards and
+            ``(N + M) O`` backwards; runs anything autograd runs). :func:`explain` shows the choice per parameter.
         chunk_size: block size over ``x``/``xt``; ``None`` picks the largest that fits ``max_memory`` bytes
             (default 80% of free device memory). An estimate above the budget raises ``MemoryError``.
 
@@ -54,3 +60,24 @@ def ntk(
     """
     return jacobian_gram(lambda b: model_outputs(model, b), model, x, xt, params=params, output=output,
                          implementation=implementation, chunk_size=chunk_size, max_memory=max_memory)
+
+
+def explain(
+    model: nn.Module,
+    x: Batch,
+    xt: Batch | None = None,
+    *,
+    params: Iterable[str] | None = None,
+    implementation: Implementation = "auto",
+    loss_fn: Callable[[nn.Module, Batch], Tensor] | None = None,
+) -> Plan:
+    """The path each parameter takes in :func:`ntk` (or, with ``loss_fn``, :func:`gradient_covariance`) and why.
+
+    ``plan.paths[name]`` has ``path`` (``"rule"``, ``"func"`` or ``"loop"``), ``rule`` (the module type whose rule
+    covers it) and ``reason``; ``print(plan)`` shows a table. Runs the same dry runs as the computation, on one or
+    two samples.
+    """
+    if loss_fn is None:
+        return plan_for(lambda b: model_outputs(model, b), model, x, xt, params=params, implementation=implementation)
+    return plan_for(lambda b: loss_outputs(loss_fn, model, b), model, x, xt, params=params,
+                    implementation=implementation)

@@ -1,0 +1,106 @@
+"""The exact paths: per-sample Jacobians for any parameters, by ``torch.func`` or by a plain autograd loop.
+
+* ``func``: ``vmap(jacrev(f))`` over samples, ``f`` the model on one sample with the parameters swapped in by
+  ``functional_call``. Fast (one vectorised pass), but ``vmap`` cannot run every module: ``nn.GRU``/``nn.LSTM`` (in
+  float64), in-place updates of a state created inside ``forward``, data-dependent Python control flow, random ops.
+* ``loop``: for each sample a forward pass and one backward pass per output (``n`` forwards and ``n * O``
+  backwards): runs whatever ``loss.backward()`` runs, at Python-loop speed.
+
+Both treat each sample alone, which defines the per-sample Jacobian even for models that mix samples.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+__all__ = ["single_sample_fn", "func_jacobian", "loop_jacobian", "failing_module"]
+
+Batch = Any
+
+
+class _FnModule(nn.Module):
+    """Wraps ``fn`` so that ``torch.func.functional_call`` can swap the model's parameters under it."""
+
+    def __init__(self, model: nn.Module, fn: Callable[[Batch], Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.fn = fn
+
+    def forward(self, batch: Batch) -> Tensor:
+        return self.fn(batch)
+
+
+def single_sample_fn(model: nn.Module, fn: Callable[[Batch], Tensor]) -> Callable[[dict[str, Tensor], Batch], Tensor]:
+    """``f(params, sample)``: ``fn`` on one sample (no batch dimension) with ``params`` swapped into ``model``.
+
+    Every other parameter enters detached, so transforms over ``params`` build no graph through the rest.
+    """
+    wrapper = _FnModule(model, fn)
+    fixed = {f"model.{k}": p.detach() for k, p in model.named_parameters()}
+
+    def single(params: dict[str, Tensor], sample: Batch) -> Tensor:
+        one = pytree.tree_map(lambda t: t.unsqueeze(0), sample)
+        swapped = {**fixed, **{f"model.{k}": v for k, v in params.items()}}
+        return torch.func.functional_call(wrapper, swapped, (one,)).squeeze(0)
+
+    return single
+
+
+def _n(batch: Batch) -> int:
+    return pytree.tree_leaves(batch)[0].shape[0]
+
+
+def func_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[str], batch: Batch) -> Tensor:
+    """Per-sample Jacobian ``(O, n, P)`` of ``fn`` w.r.t. the named parameters, by ``vmap(jacrev)``."""
+    named = dict(model.named_parameters())
+    params = {k: named[k].detach() for k in names}
+    jac = torch.func.vmap(torch.func.jacrev(single_sample_fn(model, fn)), in_dims=(None, 0))(params, batch)
+    n = _n(batch)
+    return torch.cat([jac[k].reshape(n, jac[k].shape[1], -1) for k in names], dim=-1).transpose(0, 1).contiguous()
+
+
+def loop_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[str], batch: Batch) -> Tensor:
+    """Per-sample Jacobian ``(O, n, P)``: one forward per sample and one backward per output (no ``vmap``)."""
+    named = dict(model.named_parameters())
+    wrapper = _FnModule(model, fn)
+    fixed = {f"model.{k}": p.detach() for k, p in named.items()}
+    rows = []
+    for i in range(_n(batch)):
+        leaves = {k: named[k].detach().clone().requires_grad_(True) for k in names}
+        with torch.enable_grad():
+            out = torch.func.functional_call(wrapper, {**fixed, **{f"model.{k}": v for k, v in leaves.items()}},
+                                             (pytree.tree_map(lambda t: t[i:i + 1], batch),)).reshape(-1)
+            per_output = []
+            for o in range(out.numel()):
+                grads = torch.autograd.grad(out[o], list(leaves.values()), retain_graph=o + 1 < out.numel(),
+                                            allow_unused=True) if out.requires_grad else [None] * len(leaves)
+                per_output.append(torch.cat([(torch.zeros_like(v) if g is None else g).reshape(-1)
+                                             for g, v in zip(grads, leaves.values())]))
+        rows.append(torch.stack(per_output))  # (O, P)
+    return torch.stack(rows, dim=1)  # (O, n, P)
+
+
+def failing_module(model: nn.Module, tb: TracebackType | None) -> str:
+    """The name of the innermost module of ``model`` whose ``forward`` is on the traceback, or ``"the model"``."""
+    names = {id(m): (k or type(m).__name__) for k, m in model.named_modules()}
+    found = None
+    while tb is not None:
+        obj = tb.tb_frame.f_locals.get("self")
+        if id(obj) in names and isinstance(obj, nn.Module):
+            found = f"{names[id(obj)]} ({type(obj).__name__})"
+        tb = tb.tb_next
+    return found or "the model"
+
+
+def describe_error(model: nn.Module) -> str:
+    """``"<module>: <first line of the current exception>"`` inside an ``except`` block."""
+    err = sys.exc_info()[1]
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"{failing_module(model, sys.exc_info()[2])}: {type(err).__name__}: {first}"

@@ -1,0 +1,367 @@
+"""Which path each parameter takes, and the proof behind every layer-wise claim.
+
+A layer-wise rule (:mod:`interference.rules`) claims a parameter only when all of these hold; each failure is a
+reason the parameter goes to the exact path instead:
+
+* structure: the module's type is exactly the rule's type, with no forward/backward (pre-)hooks (old-style
+  ``weight_norm`` / ``spectral_norm`` are pre-hooks), no parametrization, no ``forward`` set on the instance and
+  nothing the rule itself refuses (e.g. grouped convolutions); no global module hooks; the parameter belongs to
+  this one module and is one the rule differentiates;
+* one call: the module runs exactly once per forward, with one tensor argument (positional or keyword);
+* rows are the samples: two dry runs on single samples ``s0``, ``s1`` and two on the pairs ``[s0, s1]`` and
+  ``[s1, s0]`` reproduce the single runs' module inputs and model outputs row by row (this catches time-major
+  layouts, ``reshape(N*T, F)``, ``x.flip(0)``, ``x - x.mean(0)`` and anything else that mixes or permutes rows);
+  and the gradient of output row ``i`` reaches row ``i`` of the module's output only (nothing downstream mixes
+  samples);
+* no other use: in the autograd graph of a dry run, the parameter is reachable from the output only through the
+  module's own call (observed on the graph itself, so ties such as ``F.embedding(ids, head.weight)``, a use in the
+  loss, or a view of the weight made in ``__init__`` are all seen).
+
+Values are compared with a tolerance of ``sqrt(eps)`` of the dtype relative to their scale (a batch of 2 may round
+differently from a batch of 1); mixing smaller than that goes unnoticed. If every sample equals every other there is
+no pair to compare: the engine then computes the kernel of one sample and repeats it, which is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules import module as _module
+from torch.nn.utils import parametrize
+from torch.utils import _pytree as pytree
+
+from .exact import describe_error, func_jacobian
+from .rules import LayerRule, registered_rules, rule_for
+
+__all__ = ["ParamPath", "Plan", "make_plan", "first_distinct_sample"]
+
+Batch = Any
+
+
+@dataclass(frozen=True)
+class ParamPath:
+    """The path one parameter takes: ``"rule"`` (layer-wise, ``rule`` names the module type), ``"func"``
+    (``torch.func`` ``vmap(jacrev)``) or ``"loop"`` (per-sample autograd); ``reason`` says why."""
+
+    name: str
+    path: str
+    rule: str | None
+    reason: str
+
+
+@dataclass
+class Plan:
+    """Per-parameter paths (``paths``) and what the engine runs: ``modules`` (module -> local names on its rule),
+    ``exact`` (full names on the exact path, computed by ``exact_impl``)."""
+
+    paths: dict[str, ParamPath] = field(default_factory=dict)
+    modules: dict[nn.Module, frozenset[str]] = field(default_factory=dict)
+    exact: list[str] = field(default_factory=list)
+    exact_impl: str = "func"
+    identical_samples: bool = False
+    outputs: int = 0
+    io: dict[nn.Module, int] = field(default_factory=dict)  # elements of one sample's input + output per module
+    fallback: str | None = None  # why the exact path is the loop although vmap was asked for (auto)
+
+    def __str__(self) -> str:
+        width = max([len(k) for k in self.paths] + [9])
+        lines = [f"{'parameter':<{width}}  path  reason"]
+        for p in self.paths.values():
+            path = f"rule:{p.rule}" if p.path == "rule" else p.path
+            lines.append(f"{p.name:<{width}}  {path:<4}  {p.reason}")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- structure
+_HOOKS = (("_forward_pre_hooks", "forward pre-hooks"), ("_forward_hooks", "forward hooks"),
+          ("_backward_pre_hooks", "backward pre-hooks"), ("_backward_hooks", "backward hooks"))
+
+
+def _hook_names(hooks: dict) -> str:
+    names = sorted({getattr(h, "__qualname__", None) or type(h).__name__ for h in hooks.values()})
+    return ", ".join(names)
+
+
+def _global_hooks() -> str | None:
+    found = [what for attr, what in (("_global_forward_pre_hooks", "forward pre-hooks"),
+                                     ("_global_forward_hooks", "forward hooks"),
+                                     ("_global_backward_pre_hooks", "backward pre-hooks"),
+                                     ("_global_backward_hooks", "backward hooks")) if getattr(_module, attr, None)]
+    return f"global module {' and '.join(found)} are registered" if found else None
+
+
+def _module_refusal(mod: nn.Module) -> tuple[LayerRule | None, str | None]:
+    """The rule for ``mod`` and ``None``, or ``None`` and why no rule may claim its parameters."""
+    rule = rule_for(mod)
+    if rule is None:
+        if parametrize.is_parametrized(mod):
+            return None, f"{type(mod).__name__} is parametrized (torch.nn.utils.parametrize)"
+        bases = [t.__name__ for t in registered_rules() if isinstance(mod, t)]
+        if bases:
+            return None, f"{type(mod).__name__} subclasses {bases[0]}; rules cover exact types only"
+        return None, f"no layer-wise rule for {type(mod).__name__}"
+    for attr, what in _HOOKS:
+        hooks = getattr(mod, attr, None)
+        if hooks:
+            return None, f"{type(mod).__name__} has {what} ({_hook_names(hooks)})"
+    if "forward" in vars(mod):
+        return None, f"{type(mod).__name__}.forward is replaced on the instance"
+    reason = rule.refuse(mod) if rule.refuse is not None else None
+    if reason:
+        return None, f"{type(mod).__name__}: {reason}"
+    return rule, None
+
+
+# ----------------------------------------------------------------------------------------------- dry runs
+@dataclass
+class _Call:
+    inp: Tensor | None  # the one tensor argument, or None when there are several / none
+    inp_node: Any
+    out: Tensor | None
+    out_node: Any
+
+
+def _recording(mods: list[nn.Module], calls: dict[nn.Module, list[_Call]], probes: dict | None = None):
+    def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)]
+        inp = tensors[0] if len(tensors) == 1 else None
+        if not isinstance(out, Tensor):
+            calls[mod].append(_Call(inp, None, None, None))
+            return None
+        calls[mod].append(_Call(inp, None if inp is None else inp.grad_fn, out.detach(), out.grad_fn))
+        if probes is not None and out.is_floating_point():
+            probe = torch.zeros_like(out, requires_grad=True)
+            probes.setdefault(mod, []).append(probe)
+            return out + probe
+        return None
+
+    return [m.register_forward_hook(hook, with_kwargs=True) for m in mods]
+
+
+def _run(fn: Callable[[Batch], Tensor], batch: Batch, mods: list[nn.Module], grad: bool,
+         probes: dict | None = None) -> tuple[Tensor, dict[nn.Module, list[_Call]]]:
+    calls: dict[nn.Module, list[_Call]] = {m: [] for m in mods}
+    handles = _recording(mods, calls, probes)
+    try:
+        with torch.set_grad_enabled(grad):
+            out = fn(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, calls
+
+
+def first_distinct_sample(batch: Batch, batch2: Batch | None) -> Batch | None:
+    """The first sample of ``batch`` then ``batch2`` that differs from ``batch``'s first (a 1-sample batch), or None."""
+    ref = [t[:1] for t in pytree.tree_leaves(batch)]
+    for b in (batch, batch2):
+        if b is None:
+            continue
+        leaves = pytree.tree_leaves(b)
+        n = leaves[0].shape[0]
+        differs = torch.zeros(n, dtype=torch.bool, device=leaves[0].device)
+        for t, r in zip(leaves, ref):
+            differs |= (t != r).reshape(n, -1).any(1)
+        idx = torch.nonzero(differs)
+        if idx.numel():
+            i = int(idx[0])
+            return pytree.tree_map(lambda t: t[i:i + 1], b)
+    return None
+
+
+def _cat(a: Batch, b: Batch) -> Batch:
+    return pytree.tree_map(lambda s, t: torch.cat([s, t]), a, b)
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    """Equal shapes and values within ``sqrt(eps)`` of the dtype relative to their scale (exact for integers)."""
+    if a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    tol = _tolerance(a.dtype)
+    a, b = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
+        return False
+    a, b = a[finite], b[finite]
+    if not a.numel():
+        return True
+    scale = float(torch.maximum(a.abs().max(), b.abs().max()))
+    return float((a - b).abs().max()) <= tol * max(scale, 1e-300)
+
+
+def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None) -> bool:
+    """``pair`` (2, ...) holds ``first`` (1, ...) and ``second`` (1, ...) as its rows."""
+    if pair is None or first is None or second is None:
+        return False
+    if first.dim() == 0 or first.shape[0] != 1 or second.shape != first.shape:
+        return False
+    if pair.shape != (2, *first.shape[1:]):
+        return False
+    return _close(pair[:1], first) and _close(pair[1:], second)
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return (torch.finfo(dtype).eps if dtype.is_floating_point else 0.0) ** 0.5
+
+
+def _reached_params(root: Any, cuts: dict[Any, list[Any]]) -> set[int]:
+    """ids of the leaf tensors reachable from ``root`` in the autograd graph when each node in ``cuts`` (a module
+    call's output) is replaced by its call's input nodes, i.e. the module's inside is skipped."""
+    stack, seen, reached = [root], set(), set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node in cuts:
+            stack.extend(cuts[node])
+            continue
+        var = getattr(node, "variable", None)
+        if var is not None:
+            reached.add(id(var))
+            continue
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return reached
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str, nn.Parameter], batch: Batch,
+              batch2: Batch | None, implementation: str) -> Plan:
+    """Decide and justify the path of every selected parameter (see the module docstring)."""
+    plan = Plan()
+    one = pytree.tree_map(lambda t: t[:1], batch)
+    other = first_distinct_sample(batch, batch2)
+    plan.identical_samples = other is None
+    exact_reason = {"func": "implementation='func'", "loop": "implementation='loop'"}.get(implementation)
+
+    # structure: which modules may use a rule, and for which of their parameters
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for mod in model.modules():
+        for local, p in mod.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append((mod, local))
+    why: dict[str, str] = {}
+    claims: dict[nn.Module, set[str]] = {}
+    blocked = _global_hooks()
+    for name, p in selected.items():
+        if exact_reason:
+            why[name] = exact_reason
+            continue
+        mods = owners.get(id(p), [])
+        if len(mods) != 1:
+            why[name] = f"shared by {len(mods)} modules" if mods else "not a module parameter"
+            continue
+        mod, local = mods[0]
+        rule, refusal = _module_refusal(mod)
+        if blocked or refusal:
+            why[name] = blocked or refusal
+        elif local not in rule.params:
+            why[name] = f"{type(mod).__name__}'s rule does not differentiate {local!r}"
+        else:
+            claims.setdefault(mod, set()).add(local)
+    full_name = {(id(mod), local): name for name, p in selected.items() for mod, local in owners.get(id(p), [])[:1]}
+
+    def refuse(mod: nn.Module, reason: str) -> None:
+        for local in claims.pop(mod, ()):
+            why[full_name[(id(mod), local)]] = reason
+
+    mods = list(claims)
+    # run on s0 with every selected parameter requiring grad: calls, layouts and the graph
+    frozen = [p for p in selected.values() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        out_a, calls_a = _run(fn, one, mods, grad=True)
+        plan.outputs = out_a.shape[1]
+        cuts = {}
+        for mod in mods:
+            c = calls_a[mod]
+            if len(c) != 1:
+                refuse(mod, f"called {len(c)} times per forward" if c else "not called by the forward")
+            elif c[0].inp is None or c[0].out is None:
+                refuse(mod, "not called with exactly one tensor argument and one tensor output")
+            elif c[0].inp.dim() == 0 or c[0].inp.shape[0] != 1 or c[0].out.dim() == 0 or c[0].out.shape[0] != 1:
+                refuse(mod, f"its input's leading dimension is not the samples (shape {tuple(c[0].inp.shape)}"
+                            " for one sample)")
+            elif c[0].out_node is not None:
+                cuts[c[0].out_node] = [c[0].inp_node] if c[0].inp_node is not None else []
+        reached = _reached_params(out_a.grad_fn, cuts) if out_a.grad_fn is not None else set()
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+    for mod in list(claims):
+        for local in list(claims[mod]):
+            if id(getattr(mod, local)) in reached:
+                why[full_name[(id(mod), local)]] = "also used outside its module's call (tied or reused tensor)"
+                claims[mod].discard(local)
+        if not claims[mod]:
+            claims.pop(mod)
+
+    # rows are the samples: s1 alone, [s0, s1] and [s1, s0]
+    if other is not None and claims:
+        mods = list(claims)
+        with torch.no_grad():
+            out_b, calls_b = _run(fn, other, mods, grad=False)
+            out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=False)
+            out_ba, calls_ba = _run(fn, _cat(other, one), mods, grad=False)
+        outputs_ok = _rows_ok(out_ab, out_a.detach(), out_b) and _rows_ok(out_ba, out_b, out_a.detach())
+        for mod in mods:
+            if not outputs_ok:
+                refuse(mod, "the model's outputs for two samples together differ from each sample's alone")
+                continue
+            cs = [calls_a[mod], calls_b[mod], calls_ab[mod], calls_ba[mod]]
+            if any(len(c) != 1 for c in cs):
+                refuse(mod, "called a different number of times for other samples")
+            elif not (_rows_ok(cs[2][0].inp, cs[0][0].inp, cs[1][0].inp)
+                      and _rows_ok(cs[3][0].inp, cs[1][0].inp, cs[0][0].inp)
+                      and _rows_ok(cs[2][0].out, cs[0][0].out, cs[1][0].out)):
+                refuse(mod, "its input rows are not the samples (two samples together differ from each alone)")
+        if claims:
+            _check_gradient_rows(fn, _cat(one, other), claims, refuse)
+
+    plan.modules = {m: frozenset(u) for m, u in claims.items()}
+    plan.io = {m: calls_a[m][0].inp.numel() + calls_a[m][0].out.numel() for m in claims}
+    rule_of = {full_name[(id(m), local)]: type(m).__name__ for m, u in claims.items() for local in u}
+    plan.exact_impl = "loop" if implementation == "loop" else "func"
+    if implementation == "auto" and set(selected) - set(rule_of):
+        try:  # can vmap run the model? (on the dry run's samples)
+            func_jacobian(fn, model, [k for k in selected if k not in rule_of], one)
+        except Exception:  # noqa: BLE001 - any failure inside vmap sends the exact path to the loop
+            plan.exact_impl, plan.fallback = "loop", f"torch.func.vmap cannot run {describe_error(model)}"
+    for name in selected:
+        if name in rule_of:
+            plan.paths[name] = ParamPath(name, "rule", rule_of[name], f"{rule_of[name]} rule")
+        else:
+            plan.exact.append(name)
+            reason = why.get(name, "not reached by a rule") + (f"; {plan.fallback}" if plan.fallback else "")
+            plan.paths[name] = ParamPath(name, plan.exact_impl, None, reason)
+    return plan
+
+
+def _check_gradient_rows(fn: Callable[[Batch], Tensor], pair: Batch, claims: dict[nn.Module, set[str]],
+                         refuse: Callable[[nn.Module, str], None]) -> None:
+    """Refuse modules at whose output the gradient of one sample's outputs reaches the other sample's row."""
+    probes: dict[nn.Module, list[Tensor]] = {}
+    mods = list(claims)
+    out, _ = _run(fn, pair, mods, grad=True, probes=probes)
+    used = [m for m in mods if m in probes]
+    if not used or not out.requires_grad:
+        return
+    weights = torch.linspace(1.0, 2.0, out.shape[1], dtype=out.dtype, device=out.device)
+    for row in (0, 1):
+        cot = torch.zeros_like(out)
+        cot[row] = weights
+        grads = torch.autograd.grad(out, [probes[m][0] for m in used], cot, retain_graph=row == 0,
+                                    allow_unused=True)
+        for mod, g in zip(used, grads):
+            if g is None:
+                continue
+            own, cross = g[row].abs().max(), g[1 - row].abs().max()
+            if cross > _tolerance(g.dtype) * max(float(own), 1e-30):
+                refuse(mod, "the gradient of one sample's outputs reaches another sample's row at its output"
+                            " (samples are mixed after it)")
