@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .rules import Factor, register_rule, sum_positions
+
 __all__ = [
     "Elephant",
     "Maxout",
@@ -24,6 +26,9 @@ __all__ = [
     "activation_names",
     "output_width",
 ]
+
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _int_pow(u: Tensor, n: int, inplace: bool) -> Tensor:
@@ -65,26 +70,59 @@ def _one_plus_abs_pow(u: Tensor, d: float) -> Tensor:
 
 
 def _value_and_slope(x: Tensor, h: Tensor, a: Tensor, d: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``y = h s``, ``s = 1 / (1 + |u|^d)`` and ``dy/dx = -d y s sign(u)|u|^(d-1) / a`` with ``u = x / a``.
+    """``y = h s``, ``s = 1 / (1 + |u|^d)`` and ``dy/dx`` with ``u = x / a``, finite for every finite ``x``.
 
-    In-place kernels on fresh tensors (call without grad); for the paper's ``d = 4`` nine full-size kernels for
-    all three: ``u``, ``u^2``, ``1 + u^4`` (one ``addcmul``), ``s``, ``y``, and ``u^3 s y (-d/a)``.
+    ``dy/dx = -(d/a) y sign(u)|u|^(d-1) s`` is computed as ``-d y / (x + a / q)`` with ``q = sign(u)|u|^(d-1)``
+    (``a (u + 1/q) = a sign(u)(|u| + |u|^(1-d))``), which never forms ``inf * 0``: an overflowing ``q`` (and
+    ``|u|^d``) gives ``a / q = 0`` (and ``s = 0``, the correctly rounded value up to ``1 / max`` of the dtype), and
+    ``u = 0`` gives ``a / q = inf`` and a slope of 0. In-place kernels on fresh tensors (call without grad); for the
+    paper's ``d = 4`` eight full-size kernels for all three: ``u``, ``u^2``, ``1 + u^4`` (one ``addcmul``), ``s``,
+    ``u^3``, ``x + a / u^3`` (one ``addcdiv``), ``y`` and ``-d y / (x + a / u^3)`` (one ``addcdiv``).
     """
     u = x / a
-    if _is_small_int(d) and int(d) % 4 == 0:
-        m = int(d) // 2
+    n = int(d) if _is_small_int(d) else 0
+    if n and n % 4 == 0:
+        m = n // 2
         r = _int_pow(u, m, inplace=True)  # u^(d/2)
         s = torch.addcmul(r.new_ones(()), r, r).reciprocal_()
         q = r.mul_(u) if m == 2 else r.mul_(_int_pow(u, m - 1, inplace=True))  # u^(d-1) = sign(u)|u|^(d-1)
     else:
         s = _one_plus_abs_pow(u, d).reciprocal_()
-        if _is_small_int(d) and int(d) % 2 == 0:
-            q = _int_pow(u, int(d) - 1, inplace=True)
+        if n == 1:
+            q = None
+        elif n == 2:
+            q = u
+        elif n and n % 2 == 0:
+            q = _int_pow(u, n - 1, inplace=True)  # odd power: carries sign(u)
+        elif n:
+            q = _int_pow(u, n - 1, inplace=True).copysign_(u)  # even power |u|^(d-1), given sign(u)
         else:
-            q = torch.sign(u) if d == 1 else u.abs().pow_(d - 1).mul_(torch.sign(u))
+            q = u.abs().pow_(d - 1).copysign_(u)
     y = s * h  # may be wider than x / a (h broadcast to more dims): the slope grows with it
-    slope = q.mul_(s).mul_(y) if y.shape == q.shape else q.mul_(s) * y
-    return y, s, slope.mul_(a.reciprocal().mul_(-d))
+    if q is None:  # d = 1: dy/dx = -y s sign(u) / a (0 at the kink u = 0, as autograd of |u| gives)
+        slope = torch.sign(u).mul_(s)
+        slope = slope.mul_(y) if y.shape == slope.shape else slope * y
+        return y, s, slope.mul_(a.reciprocal().neg_())
+    t = torch.addcdiv(x, a, q, out=u)  # x + a/q = a sign(u)(|u| + |u|^(1-d)): |t| in [|x|, inf]
+    zero = y.new_zeros(())
+    if y.shape == t.shape and y.dtype == t.dtype:
+        slope = torch.addcdiv(zero, y, t, value=-d, out=t)
+    else:
+        slope = torch.addcdiv(zero, y, t, value=-d)
+    return y, s, slope
+
+
+def _elephant_log_derivatives(x: Tensor, log_h: Tensor, log_a: Tensor, d: float) -> tuple[Tensor, Tensor]:
+    """``dy/dlog h = y`` and ``dy/dlog a = -x dy/dx`` of ``y = h / (1 + |x/a|^d)`` (``h``, ``a`` broadcast against
+    ``x``), without grad and finite everywhere (the fused kernels of :func:`_value_and_slope`); float16 and bfloat16
+    are computed in float32 and rounded once."""
+    out = torch.promote_types(x.dtype, torch.promote_types(log_h.dtype, log_a.dtype))
+    work = torch.float32 if out in _HALF else out
+    with torch.no_grad():
+        x, log_h, log_a = (t.detach().to(work) for t in (x, log_h, log_a))
+        y, _, slope = _value_and_slope(x, log_h.exp(), log_a.exp(), d)
+        dlog_a = slope.mul_(x).neg_()  # slope has the broadcast shape of x, h and a
+    return y.to(out), dlog_a.to(out)
 
 
 class _ElephantFunction(torch.autograd.Function):
@@ -150,20 +188,34 @@ def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _elephant_autograd(x: Tensor, h: Tensor, a: Tensor, d: float) -> Tensor:
-    """The formula in plain differentiable torch ops (repeated squaring for integer ``d``)."""
-    return h / (1.0 + _abs_pow(x / a, d, inplace=False))
+    """The formula in plain differentiable torch ops whose derivatives of every order are finite.
+
+    ``|u|^d`` overflows (and its derivative with it, ``0 * inf = nan`` in the chain rule) long before ``s`` underflows,
+    so for ``|u| > 1`` the power is taken of ``r = 1/|u|`` instead: ``s = r^d / (1 + r^d)``; below, ``r = |u|`` and
+    ``s = 1 / (1 + r^d)``. ``r`` stays in ``[0, 1]``, and the branch ``torch.where`` leaves out never divides by 0
+    (the inner ``where`` feeds it 1), so the zero gradient it gets stays 0. Repeated squaring for integer ``d``.
+    """
+    au = (x / a).abs()
+    big = au > 1.0
+    r = torch.where(big, torch.where(big, au, 1.0).reciprocal(), au)
+    p = _int_pow(r, int(d), inplace=False) if _is_small_int(d) else r.pow(d)
+    return h * (torch.where(big, p, 1.0) / (1.0 + p))
 
 
 def elephant(x: Tensor, h: Tensor | float = 1.0, a: Tensor | float = 1.0, d: float = 4.0,
              implementation: str = "auto") -> Tensor:
     """Elephant(x) = h / (1 + |x/a|^d), elementwise; ``h`` and ``a`` broadcast against ``x``.
 
-    ``implementation``: ``"fused"`` (custom autograd function: for ``d = 4`` nine full-size kernels forward, which
-    keep ``dy/dx``, then three products and two sums backward), ``"autograd"`` (the same repeated-squaring formula
-    in plain torch ops) or ``"auto"`` (fused). Under ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``,
-    ...) both run the plain ops; without grad (acting, target networks) both compute the power in place. All are
-    exact and support double backward and forward-mode AD.
+    ``implementation``: ``"fused"`` (custom autograd function: for ``d = 4`` eight full-size kernels forward, which
+    keep ``dy/dx``, then three products and two sums backward), ``"autograd"`` (the formula in plain torch ops,
+    repeated squaring of ``|u|`` or ``1/|u|``) or ``"auto"`` (fused). Under ``torch.func`` transforms (``vmap``,
+    ``grad``, ``jacrev``, ...) both run the plain ops; without grad (acting, target networks) both compute the power
+    in place. All are exact and support double backward and forward-mode AD. Values and derivatives are finite for
+    every finite ``x`` (no ``inf * 0`` where a power overflows); float16 and bfloat16 are computed in float32 and
+    rounded once.
     """
+    if isinstance(d, bool):
+        raise ValueError(f"elephant: d must be a number, not a bool ({d!r})")
     h = torch.as_tensor(h, dtype=x.dtype, device=x.device)
     a = torch.as_tensor(a, dtype=x.dtype, device=x.device)
     return _elephant(x, h, a, float(d), implementation, log=False)
@@ -173,6 +225,9 @@ def _elephant(x: Tensor, h: Tensor, a: Tensor, d: float, implementation: str, lo
     """:func:`elephant` on tensors ``h`` and ``a``, or on ``log h`` and ``log a`` with ``log=True``."""
     if implementation not in ("auto", "fused", "autograd"):
         raise ValueError(f"implementation must be 'auto', 'fused' or 'autograd', got {implementation!r}")
+    out = torch.promote_types(x.dtype, torch.promote_types(h.dtype, a.dtype))
+    if out in _HALF:  # computed in float32 and rounded once (autograd through the casts): correctly rounded values
+        return _elephant(x.float(), h.float(), a.float(), d, implementation, log).to(out)
     if not torch.is_grad_enabled():
         if log:
             h, a = h.exp(), a.exp()
@@ -206,9 +261,9 @@ class Elephant(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("d", d), ("h", h), ("a", a)):
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"Elephant: {name} must be a positive finite number, got {value!r}")
-        if num_units is not None and (not isinstance(num_units, int) or num_units <= 0):
+        if num_units is not None and (isinstance(num_units, bool) or not isinstance(num_units, int) or num_units <= 0):
             raise ValueError(f"Elephant: num_units must be a positive int or None, got {num_units!r}")
         self.d = float(d)
         self.num_units = num_units
@@ -379,3 +434,20 @@ def output_width(module: nn.Module, units: int) -> int:
     if isinstance(module, LWTA) and units % module.k:
         raise ValueError(f"LWTA(k={module.k}): width {units} is not divisible by k")
     return units
+
+
+def _elephant_rule(mod: Elephant, inp: Tensor, gout: Tensor, use: frozenset[str]) -> list[Factor]:
+    """The NTK engine's rule for :class:`Elephant` (see :mod:`interference.rules`): ``dy/dlog h = y`` and
+    ``dy/dlog a = -x dy/dx`` from the numerically safe fused kernels, summed over the positions that share a unit;
+    one column per unit, or one for a shared ``h`` and ``a``."""
+    o, n = gout.shape[:2]
+    y, dlog_a = _elephant_log_derivatives(inp, mod.log_h, mod.log_a, mod.d)
+    lead = (o, n, -1, 1) if mod.num_units is None else (o, n, -1, inp.shape[-1])
+    out = []
+    for name, dy in (("log_h", y), ("log_a", dlog_a)):
+        if name in use:
+            out.append(Factor.dense(sum_positions((gout * dy.to(gout.dtype)).reshape(lead))))
+    return out
+
+
+register_rule(Elephant, _elephant_rule, ("log_h", "log_a"))

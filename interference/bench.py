@@ -160,6 +160,8 @@ def cases(device: torch.device, quick: bool) -> list[tuple[str, Setup, Setup, st
     return [
         (f"ntk full, MLP 4-1000-3 Elephant, N={n_mlp}", ntk_case(mlp_model, lambda m, x: ntk(m, x)),
          ntk_case(mlp_model, tutorial_ntk), "torch.func jacrev (NTK tutorial)", 15),
+        (f"ntk full, MLP 4-1000-3 Elephant, N={n_mlp}, loop", ntk_case(mlp_model, lambda m, x: ntk(
+            m, x, implementation="loop")), ntk_case(mlp_model, tutorial_ntk), "torch.func jacrev (NTK tutorial)", 1),
         (f"ntk full, Nature-DQN CNN, 18 outputs, N={n_cnn}", ntk_case(cnn_model, lambda m, x: ntk(m, x)),
          ntk_case(cnn_model, tutorial_ntk), "torch.func jacrev (NTK tutorial)", 1),
         (f"gradient_covariance, Nature-DQN CNN TD loss, k={k}", gradcov_case(ours_gc),

@@ -68,12 +68,10 @@ class Plan:
     fallback: str | None = None  # why the exact path is the loop although vmap was asked for (auto)
 
     def __str__(self) -> str:
-        width = max([len(k) for k in self.paths] + [9])
-        lines = [f"{'parameter':<{width}}  path  reason"]
-        for p in self.paths.values():
-            path = f"rule:{p.rule}" if p.path == "rule" else p.path
-            lines.append(f"{p.name:<{width}}  {path:<4}  {p.reason}")
-        return "\n".join(lines)
+        rows = [(p.name, f"rule:{p.rule}" if p.path == "rule" else p.path, p.reason) for p in self.paths.values()]
+        w1 = max(len(r[0]) for r in [("parameter",)] + rows)
+        w2 = max(len(r[1]) for r in [("", "path")] + rows)
+        return "\n".join(f"{a:<{w1}}  {b:<{w2}}  {c}" for a, b, c in [("parameter", "path", "reason")] + rows)
 
 
 # ----------------------------------------------------------------------------------------------- structure
