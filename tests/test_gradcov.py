@@ -68,3 +68,24 @@ def test_loss_must_be_per_sample():
     with pytest.raises(ValueError, match="batch size"):
         obs, actions, targets = make_batch()
         gradient_covariance(model, td_loss, (obs, actions[:4], targets))
+
+
+def test_errors_name_the_callers_batch_and_training_modes():
+    model = mlp(4, [8], 3).double()
+    batch = make_batch(k=8)
+    with pytest.raises(ValueError, match=r"shape \(8,\) for a batch of 8"):
+        gradient_covariance(model, lambda m, b: td_loss(m, b)[:3], batch)
+    bn = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).double().train()
+    for fn in (per_sample_grads, gradient_covariance):
+        with pytest.raises(ValueError, match="BatchNorm1d.*model.eval"):
+            fn(bn, td_loss, batch)
+    with pytest.raises(ValueError, match="implementation"):
+        per_sample_grads(model, td_loss, batch, implementation="fast")
+
+
+def test_per_sample_grads_loop_matches_vmap():
+    model = build("mlp-elephant-ln")
+    batch = make_batch()
+    a = per_sample_grads(model, td_loss, batch, implementation="func")
+    b = per_sample_grads(model, td_loss, batch, implementation="loop")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-10, atol=1e-12) for k in a)

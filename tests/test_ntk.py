@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+import interference as itf
 from interference import mlp, ntk, one_hidden_layer_ntk
 from interference.activations import Elephant, elephant
 from interference.sparsity import derivative
@@ -120,3 +121,66 @@ def test_large_symmetric_kernel_blocks(name):
     assert rel_err(full, brute_force_ntk(model, x, x)) < 1e-6
     assert torch.allclose(ntk(model, x, output="diagonal"), full.diagonal(dim1=2, dim2=3), rtol=1e-10, atol=1e-12)
     assert torch.allclose(ntk(model, x, output="trace"), full.diagonal(dim1=2, dim2=3).sum(-1), rtol=1e-10, atol=1e-12)
+
+
+def test_public_rule_seam(monkeypatch):
+    """A user's own module type gets a rule through register_rule; explain shows it and the kernel stays exact."""
+    from interference import rules
+    from reference_models import Scale
+
+    monkeypatch.setattr(rules, "_RULES", dict(rules._RULES))
+    calls = []
+
+    def scale_rule(mod, inp, gout, use):
+        calls.append(tuple(inp.shape))
+        return [itf.Factor.dense(gout * inp)]
+
+    itf.register_rule(Scale, scale_rule, params=("s",))
+    model = build("unknown-module")
+    x, xt = inputs("unknown-module", 5), inputs("unknown-module", 3, seed=2)
+    plan = itf.explain(model, x, xt)
+    assert plan.paths["1.s"].path == "rule" and plan.paths["1.s"].rule == "Scale"
+    assert rel_err(ntk(model, x, xt), brute_force_ntk(model, x, xt)) < 1e-10 and calls
+    with pytest.raises(ValueError, match="already registered"):
+        itf.register_rule(Scale, scale_rule, params=("s",))
+    with pytest.raises(ValueError, match="non-empty tuple"):
+        itf.register_rule(Scale, scale_rule, params="s", replace=True)
+
+
+def test_clear_errors_for_bad_arguments():
+    model = build("mlp-relu")
+    x = inputs("mlp-relu", 3)
+    for bad in ("abc", float("inf"), float("nan"), 0, -5, True):
+        with pytest.raises(ValueError, match="max_memory"):
+            ntk(model, x, max_memory=bad)
+    for bad in (True, 1.5, "2"):
+        with pytest.raises(ValueError, match="chunk_size"):
+            ntk(model, x, chunk_size=bad)
+    with pytest.raises(MemoryError, match=r"needs about [\d.]+ KiB"):
+        ntk(model, x, max_memory=100)
+    drop = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5)).double().train()
+    with pytest.raises(ValueError, match="Dropout.*model.eval"):
+        ntk(drop, x)
+    assert itf.nature_cnn is itf.nets.nature_cnn
+
+
+def test_explain_names_each_refusal():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(4, 6)
+            self.head = nn.Linear(6, 5)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.body(x))) + nn.functional.embedding(torch.tensor([1]), self.head.weight)[:, :5]
+
+    torch.manual_seed(0)
+    model = Tied().double()
+    x = inputs("mlp-relu", 3)
+    plan = itf.explain(model, x)
+    assert {k: p.path for k, p in plan.paths.items()} == {
+        "body.weight": "rule", "body.bias": "rule", "head.weight": "func", "head.bias": "rule"}
+    assert "used outside" in plan.paths["head.weight"].reason
+    assert "head.weight" in str(plan) and "rule:Linear" in str(plan)
+    assert rel_err(ntk(model, x), brute_force_ntk(model, x, x)) < 1e-10
+    assert {p.path for p in itf.explain(model, x, implementation="loop").paths.values()} == {"loop"}
