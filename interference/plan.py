@@ -176,21 +176,22 @@ def _cat(a: Batch, b: Batch) -> Batch:
 
 
 def _close(a: Tensor, b: Tensor) -> bool:
-    """Equal shapes and values within ``sqrt(eps)`` of the dtype relative to their scale (exact for integers)."""
+    """Equal shapes and values within ``sqrt(eps)`` of the dtype relative to their scale (exact for integers and
+    for non-finite entries)."""
     if a.shape != b.shape:
         return False
     if not a.is_floating_point():
         return torch.equal(a, b)
-    tol = _tolerance(a.dtype)
-    a, b = a.detach().double(), b.detach().double()
+    if not a.numel():
+        return True
+    a, b = a.detach(), b.detach()
+    diff, scale = (a - b).abs().max(), torch.maximum(a.abs().max(), b.abs().max())
+    if torch.isfinite(scale):
+        return bool(diff <= _tolerance(a.dtype) * scale)
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
         return False
-    a, b = a[finite], b[finite]
-    if not a.numel():
-        return True
-    scale = float(torch.maximum(a.abs().max(), b.abs().max()))
-    return float((a - b).abs().max()) <= tol * max(scale, 1e-300)
+    return _close(a[finite], b[finite])
 
 
 def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None) -> bool:
@@ -300,14 +301,15 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         if not claims[mod]:
             claims.pop(mod)
 
-    # rows are the samples: s1 alone, [s0, s1] and [s1, s0]
+    # rows are the samples: s1 alone, [s0, s1] (with probes for the gradient rows) and [s1, s0]
     if other is not None and claims:
         mods = list(claims)
+        probes: dict[nn.Module, list[Tensor]] = {}
+        out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=True, probes=probes)
         with torch.no_grad():
             out_b, calls_b = _run(fn, other, mods, grad=False)
-            out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=False)
             out_ba, calls_ba = _run(fn, _cat(other, one), mods, grad=False)
-        outputs_ok = _rows_ok(out_ab, out_a.detach(), out_b) and _rows_ok(out_ba, out_b, out_a.detach())
+        outputs_ok = _rows_ok(out_ab, out_a, out_b) and _rows_ok(out_ba, out_b, out_a)
         for mod in mods:
             if not outputs_ok:
                 refuse(mod, "the model's outputs for two samples together differ from each sample's alone")
@@ -320,7 +322,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
                       and _rows_ok(cs[2][0].out, cs[0][0].out, cs[1][0].out)):
                 refuse(mod, "its input rows are not the samples (two samples together differ from each alone)")
         if claims:
-            _check_gradient_rows(fn, _cat(one, other), claims, refuse)
+            _check_gradient_rows(out_ab, {m: probes[m][0] for m in claims if m in probes}, refuse)
 
     plan.modules = {m: frozenset(u) for m, u in claims.items()}
     plan.io = {m: calls_a[m][0].inp.numel() + calls_a[m][0].out.numel() for m in claims}
@@ -341,21 +343,17 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
     return plan
 
 
-def _check_gradient_rows(fn: Callable[[Batch], Tensor], pair: Batch, claims: dict[nn.Module, set[str]],
-                         refuse: Callable[[nn.Module, str], None]) -> None:
-    """Refuse modules at whose output the gradient of one sample's outputs reaches the other sample's row."""
-    probes: dict[nn.Module, list[Tensor]] = {}
-    mods = list(claims)
-    out, _ = _run(fn, pair, mods, grad=True, probes=probes)
-    used = [m for m in mods if m in probes]
-    if not used or not out.requires_grad:
+def _check_gradient_rows(out: Tensor, probes: dict[nn.Module, Tensor], refuse: Callable[[nn.Module, str], None]) -> None:
+    """Refuse modules at whose output the gradient of one sample's outputs (``out`` (2, O) of a pair run, ``probes``
+    the zero tensors added to the modules' outputs in it) reaches the other sample's row."""
+    if not probes or not out.requires_grad:
         return
+    used = list(probes)
     weights = torch.linspace(1.0, 2.0, out.shape[1], dtype=out.dtype, device=out.device)
     for row in (0, 1):
         cot = torch.zeros_like(out)
         cot[row] = weights
-        grads = torch.autograd.grad(out, [probes[m][0] for m in used], cot, retain_graph=row == 0,
-                                    allow_unused=True)
+        grads = torch.autograd.grad(out, [probes[m] for m in used], cot, retain_graph=row == 0, allow_unused=True)
         for mod, g in zip(used, grads):
             if g is None:
                 continue
