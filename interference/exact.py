@@ -4,7 +4,13 @@
   ``functional_call``. Fast (one vectorised pass), but ``vmap`` cannot run every module: ``nn.GRU``/``nn.LSTM`` (in
   float64), in-place updates of a state created inside ``forward``, data-dependent Python control flow, random ops.
 * ``loop``: for each sample a forward pass and one backward pass per output (``n`` forwards and ``n * O``
-  backwards): runs whatever ``loss.backward()`` runs, at Python-loop speed.
+  backwards) on the model's own parameters: runs whatever ``loss.backward()`` runs and sees every use of a
+  parameter, at Python-loop speed.
+
+``functional_call`` cannot see a parameter used through a tensor made outside ``forward`` (a view taken in
+``__init__``), and ``vmap`` has batching bugs (``nn.PReLU`` in torch 2.13: an error when the batch size differs from
+the number of outputs, wrong Jacobians when they are equal); :func:`exact_path_check` compares the two on the dry-run
+samples so such models take the loop.
 
 Both treat each sample alone, which defines the per-sample Jacobian even for models that mix samples.
 """
@@ -20,7 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["single_sample_fn", "func_jacobian", "loop_jacobian", "failing_module"]
+__all__ = ["single_sample_fn", "func_jacobian", "loop_jacobian", "failing_module", "describe_error",
+           "exact_path_check"]
 
 Batch = Any
 
@@ -67,23 +74,30 @@ def func_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[s
 
 
 def loop_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[str], batch: Batch) -> Tensor:
-    """Per-sample Jacobian ``(O, n, P)``: one forward per sample and one backward per output (no ``vmap``)."""
+    """Per-sample Jacobian ``(O, n, P)``: one forward per sample and one backward per output, w.r.t. the model's
+    own parameter tensors (no ``vmap``, no ``functional_call``: every use autograd sees counts, including tensors
+    derived from a parameter outside ``forward``). Selected parameters with ``requires_grad=False`` are switched on
+    for the call and restored."""
     named = dict(model.named_parameters())
-    wrapper = _FnModule(model, fn)
-    fixed = {f"model.{k}": p.detach() for k, p in named.items()}
-    rows = []
-    for i in range(_n(batch)):
-        leaves = {k: named[k].detach().clone().requires_grad_(True) for k in names}
-        with torch.enable_grad():
-            out = torch.func.functional_call(wrapper, {**fixed, **{f"model.{k}": v for k, v in leaves.items()}},
-                                             (pytree.tree_map(lambda t: t[i:i + 1], batch),)).reshape(-1)
-            per_output = []
-            for o in range(out.numel()):
-                grads = torch.autograd.grad(out[o], list(leaves.values()), retain_graph=o + 1 < out.numel(),
-                                            allow_unused=True) if out.requires_grad else [None] * len(leaves)
-                per_output.append(torch.cat([(torch.zeros_like(v) if g is None else g).reshape(-1)
-                                             for g, v in zip(grads, leaves.values())]))
-        rows.append(torch.stack(per_output))  # (O, P)
+    params = [named[k] for k in names]
+    frozen = [p for p in params if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        rows = []
+        for i in range(_n(batch)):
+            with torch.enable_grad():
+                out = fn(pytree.tree_map(lambda t: t[i:i + 1], batch)).reshape(-1)
+                per_output = []
+                for o in range(out.numel()):
+                    grads = torch.autograd.grad(out[o], params, retain_graph=o + 1 < out.numel(), allow_unused=True) \
+                        if out.requires_grad else [None] * len(params)
+                    per_output.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                                                 for g, p in zip(grads, params)]))
+            rows.append(torch.stack(per_output).detach())  # (O, P)
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
     return torch.stack(rows, dim=1)  # (O, n, P)
 
 
@@ -104,3 +118,17 @@ def describe_error(model: nn.Module) -> str:
     err = sys.exc_info()[1]
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return f"{failing_module(model, sys.exc_info()[2])}: {type(err).__name__}: {first}"
+
+
+def exact_path_check(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[str], batch: Batch,
+                     close: Callable[[Tensor, Tensor], bool]) -> str | None:
+    """``None`` if ``vmap(jacrev)`` runs on ``batch`` (the dry-run samples) and agrees with the loop there, else why
+    not (for the warning or error)."""
+    try:
+        jf = func_jacobian(fn, model, names, batch)
+    except Exception:  # noqa: BLE001 - any failure inside vmap is a reason to take the loop
+        return f"torch.func.vmap cannot run {describe_error(model)}"
+    if not close(jf, loop_jacobian(fn, model, names, batch)):
+        return ("torch.func (functional_call + vmap) gives other Jacobians than autograd on the dry-run samples (a"
+                " parameter used through a tensor made outside forward, or a vmap batching bug)")
+    return None

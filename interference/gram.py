@@ -192,9 +192,20 @@ def _exact_factor(fn: Callable[[Batch], Tensor], model: nn.Module, plan: Plan, b
         return Factor(g=loop_jacobian(fn, model, plan.exact, batch))
     try:
         return Factor(g=func_jacobian(fn, model, plan.exact, batch))
-    except Exception as err:  # noqa: BLE001 - name the failing module, point to the loop
-        raise RuntimeError(f"implementation='func': torch.func.vmap could not run {describe_error(model)};"
-                           " use implementation='loop' (per-sample autograd) or 'auto'") from err
+    except Exception as err:  # noqa: BLE001 - vmap failed on this block although it ran on the dry-run samples
+        why = f"torch.func.vmap cannot run {describe_error(model)}"
+        if plan.implementation == "func":
+            raise RuntimeError(f"implementation='func': {why}; use implementation='loop' (per-sample autograd) or"
+                               " 'auto'") from err
+    plan.exact_impl, plan.fallback = "loop", why
+    _warn_fallback(plan)
+    return Factor(g=loop_jacobian(fn, model, plan.exact, batch))
+
+
+def _warn_fallback(plan: Plan) -> None:
+    warnings.warn(f"{plan.fallback}; the exact path uses the per-sample autograd loop instead (one forward per sample"
+                  " and one backward per sample and output); implementation='loop' chooses it without this warning",
+                  stacklevel=4)
 
 
 def _block_kernel(fn, model, plan: Plan, b1: Batch, b2: Batch | None, output: str) -> Tensor:
@@ -299,10 +310,11 @@ def jacobian_gram(
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
     _check_limits(chunk_size, max_memory)
     plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
+    if plan.fallback and implementation == "func":
+        raise RuntimeError(f"implementation='func': {plan.fallback}; use implementation='loop' (per-sample autograd)"
+                           " or 'auto'")
     if plan.fallback:
-        warnings.warn(f"{plan.fallback}; the exact path uses the per-sample autograd loop instead (one forward per"
-                      " sample and one backward per sample and output); implementation='loop' chooses it without"
-                      " this warning", stacklevel=3)
+        _warn_fallback(plan)
     n = batch_size(batch, "x")
     m = n if batch2 is None else batch_size(batch2, "xt")
     o = plan.outputs

@@ -34,7 +34,7 @@ from torch.nn.modules import module as _module
 from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
-from .exact import describe_error, func_jacobian
+from .exact import exact_path_check
 from .rules import LayerRule, registered_rules, rule_for
 
 __all__ = ["ParamPath", "Plan", "make_plan", "first_distinct_sample"]
@@ -65,7 +65,8 @@ class Plan:
     identical_samples: bool = False
     outputs: int = 0
     io: dict[nn.Module, int] = field(default_factory=dict)  # elements of one sample's input + output per module
-    fallback: str | None = None  # why the exact path is the loop although vmap was asked for (auto)
+    fallback: str | None = None  # why vmap cannot be used: auto takes the loop, func raises
+    implementation: str = "auto"
 
     def __str__(self) -> str:
         rows = [(p.name, f"rule:{p.rule}" if p.path == "rule" else p.path, p.reason) for p in self.paths.values()]
@@ -130,7 +131,9 @@ def _recording(mods: list[nn.Module], calls: dict[nn.Module, list[_Call]], probe
         if not isinstance(out, Tensor):
             calls[mod].append(_Call(inp, None, None, None))
             return None
-        calls[mod].append(_Call(inp, None if inp is None else inp.grad_fn, out.detach(), out.grad_fn))
+        # values are copied: later in-place ops must not change what the runs compare
+        calls[mod].append(_Call(None if inp is None else inp.detach().clone(), None if inp is None else inp.grad_fn,
+                                out.detach().clone(), out.grad_fn))
         if probes is not None and out.is_floating_point():
             probe = torch.zeros_like(out, requires_grad=True)
             probes.setdefault(mod, []).append(probe)
@@ -328,11 +331,12 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
     plan.io = {m: calls_a[m][0].inp.numel() + calls_a[m][0].out.numel() for m in claims}
     rule_of = {full_name[(id(m), local)]: type(m).__name__ for m, u in claims.items() for local in u}
     plan.exact_impl = "loop" if implementation == "loop" else "func"
-    if implementation == "auto" and set(selected) - set(rule_of):
-        try:  # can vmap run the model? (on the dry run's samples)
-            func_jacobian(fn, model, [k for k in selected if k not in rule_of], one)
-        except Exception:  # noqa: BLE001 - any failure inside vmap sends the exact path to the loop
-            plan.exact_impl, plan.fallback = "loop", f"torch.func.vmap cannot run {describe_error(model)}"
+    plan.implementation = implementation
+    exact = [k for k in selected if k not in rule_of]
+    if exact and implementation in ("auto", "func"):  # vmap must run the model and agree with autograd
+        plan.fallback = exact_path_check(fn, model, exact, one if other is None else _cat(one, other), _close)
+        if plan.fallback and implementation == "auto":
+            plan.exact_impl = "loop"
     for name in selected:
         if name in rule_of:
             plan.paths[name] = ParamPath(name, "rule", rule_of[name], f"{rule_of[name]} rule")
