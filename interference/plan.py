@@ -24,6 +24,7 @@ no pair to compare: the engine then computes the kernel of one sample and repeat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,9 +189,9 @@ def _close(a: Tensor, b: Tensor) -> bool:
     if not a.numel():
         return True
     a, b = a.detach(), b.detach()
-    diff, scale = (a - b).abs().max(), torch.maximum(a.abs().max(), b.abs().max())
-    if torch.isfinite(scale):
-        return bool(diff <= _tolerance(a.dtype) * scale)
+    diff, scale = float((a - b).abs().max()), float(torch.maximum(a.abs().max(), b.abs().max()))
+    if math.isfinite(scale):
+        return diff <= _tolerance(a.dtype) * scale
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
         return False
@@ -203,9 +204,7 @@ def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None) -
         return False
     if first.dim() == 0 or first.shape[0] != 1 or second.shape != first.shape:
         return False
-    if pair.shape != (2, *first.shape[1:]):
-        return False
-    return _close(pair[:1], first) and _close(pair[1:], second)
+    return pair.shape == (2, *first.shape[1:]) and _close(pair, torch.cat([first, second]))
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -354,14 +353,20 @@ def _check_gradient_rows(out: Tensor, probes: dict[nn.Module, Tensor], refuse: C
         return
     used = list(probes)
     weights = torch.linspace(1.0, 2.0, out.shape[1], dtype=out.dtype, device=out.device)
-    for row in (0, 1):
-        cot = torch.zeros_like(out)
-        cot[row] = weights
-        grads = torch.autograd.grad(out, [probes[m] for m in used], cot, retain_graph=row == 0, allow_unused=True)
-        for mod, g in zip(used, grads):
-            if g is None:
-                continue
-            own, cross = g[row].abs().max(), g[1 - row].abs().max()
-            if cross > _tolerance(g.dtype) * max(float(own), 1e-30):
+    cot = torch.zeros(2, *out.shape, dtype=out.dtype, device=out.device)
+    cot[0, 0], cot[1, 1] = weights, weights  # cotangent r: sample r's outputs only
+    try:
+        grads = torch.autograd.grad(out, [probes[m] for m in used], cot, is_grads_batched=True, allow_unused=True)
+    except RuntimeError:  # a backward formula vmap cannot batch: one pass per row
+        rows = [torch.autograd.grad(out, [probes[m] for m in used], cot[r], retain_graph=True, allow_unused=True)
+                for r in (0, 1)]
+        grads = [None if g[0] is None else torch.stack(g) for g in zip(*rows)]
+    for mod, g in zip(used, grads):
+        if g is None:
+            continue
+        for row in (0, 1):  # g[row]: gradient of sample row's outputs at the module's output, (2, ...)
+            own, cross = float(g[row, row].abs().max()), float(g[row, 1 - row].abs().max())
+            if cross > _tolerance(g.dtype) * max(own, 1e-30):
                 refuse(mod, "the gradient of one sample's outputs reaches another sample's row at its output"
                             " (samples are mixed after it)")
+                break
