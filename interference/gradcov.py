@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .exact import describe_error, loop_jacobian, single_sample_fn
+from .plan import unseen_message, unseen_parameters
 from .gram import (Batch, Implementation, batch_size, check_per_sample_modes, jacobian_gram, quiet_functorch,
                    select_parameters)
 
@@ -32,6 +33,8 @@ def _per_sample_losses(loss_fn: LossFn, model: nn.Module, batch: Batch, k: int) 
             f"loss_fn must return one loss per sample (shape ({k},) for a batch of {k}; no mean/sum reduction),"
             f" got {got}"
         )
+    if not losses.is_floating_point():
+        raise TypeError(f"loss_fn must return floating-point losses, got {losses.dtype}")
     return losses
 
 
@@ -90,7 +93,12 @@ def per_sample_grads(
     with torch.no_grad():
         _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
     fn = lambda b: loss_outputs(loss_fn, model, b)  # noqa: E731
-    if implementation != "loop":
+    unseen = unseen_parameters(fn, selected, pytree.tree_map(lambda t: t[:1], batch))
+    if unseen and implementation == "func":
+        raise RuntimeError(f"implementation='func': {unseen_message(unseen)}; use implementation='loop' or 'auto'")
+    if unseen:
+        warnings.warn(f"{unseen_message(unseen)}; per_sample_grads uses one backward per sample instead", stacklevel=2)
+    if implementation != "loop" and not unseen:
         detached = {name: p.detach() for name, p in selected.items()}
         single = single_sample_fn(model, lambda b: loss_fn(model, b))
         try:

@@ -84,7 +84,8 @@ def check_compatible(a: Batch, b: Batch) -> None:
 
 # ----------------------------------------------------------------------------------------------- parameters
 def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[str, nn.Parameter]:
-    """The parameters to differentiate: ``params`` by name, or all with ``requires_grad=True``."""
+    """The parameters to differentiate: ``params`` by name (any of a tied parameter's names), or all with
+    ``requires_grad=True``; each tensor once."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     named = dict(model.named_parameters())
@@ -96,12 +97,17 @@ def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[st
     if isinstance(params, str):
         params = [params]
     names = list(params)
-    unknown = [k for k in names if k not in named]
+    every = dict(model.named_parameters(remove_duplicate=False))
+    canonical = {id(p): k for k, p in named.items()}
+    unknown = [k for k in names if k not in every]
     if unknown:
         raise ValueError(f"unknown parameter names {unknown}; the model has {list(named)}")
     if not names:
         raise ValueError("params is empty: choose at least one parameter name")
-    return {k: named[k] for k in names}
+    chosen = {}
+    for k in names:  # a tied parameter's other name maps to the name named_parameters() gives it
+        chosen.setdefault(canonical[id(every[k])], every[k])
+    return chosen
 
 
 def check_per_sample_modes(model: nn.Module) -> None:
@@ -126,19 +132,22 @@ def quiet_functorch() -> Iterator[None]:
         yield
 
 
+class NotPerSample(Exception):
+    """A block's outputs or gradients disagree with single-sample runs: the model is not a per-sample function of its
+    batch beyond what the dry runs saw (or a layer's input changed in place after the layer ran)."""
+
+
 @contextmanager
 def _capture(plan: Plan) -> Iterator[dict[nn.Module, list]]:
-    """Forward hooks that record each planned module's input and replace its output by ``output + e``.
-
-    ``e`` is a zero tensor whose gradient is the gradient at the module's output, even if later layers
-    modify that output in place.
-    """
+    """Forward hooks that record each planned module's input (and its version) and replace its output by
+    ``output + e``: ``e`` is a zero tensor whose gradient is the gradient at the module's output, even if later
+    layers modify that output in place."""
     records: dict[nn.Module, list] = {m: [] for m in plan.modules}
 
     def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> Tensor:
         (inp,) = [t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)]  # one tensor: proven by the plan
         probe = torch.zeros_like(out, requires_grad=True)
-        records[mod].append((inp.detach(), probe))
+        records[mod].append((inp.detach(), probe, inp._version))
         return out + probe
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in plan.modules]
@@ -152,16 +161,68 @@ def _capture(plan: Plan) -> Iterator[dict[nn.Module, list]]:
 def _output_grads(out: Tensor, probes: list[Tensor]) -> list[Tensor | None]:
     """Gradients ``(O, n, *shape)`` of each of the ``O`` outputs (summed over samples) at each probe."""
     n, o = out.shape
+    if not out.requires_grad:
+        return [None] * len(probes)
     cotangents = torch.eye(o, dtype=out.dtype, device=out.device).unsqueeze(1).expand(o, n, o)
     if o > 1:
         try:
             return list(torch.autograd.grad(out, probes, grad_outputs=cotangents, is_grads_batched=True,
-                                            allow_unused=True))
+                                            allow_unused=True, retain_graph=True))
         except RuntimeError:  # a backward formula vmap cannot batch (e.g. a recurrent layer): one pass per output
             pass
     per_output = [torch.autograd.grad(out, probes, grad_outputs=cotangents[i], allow_unused=True, retain_graph=True)
                   for i in range(o)]
     return [None if g[0] is None else torch.stack(g) for g in zip(*per_output)]
+
+
+def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, probes: list[Tensor],
+                 tol: float) -> list[Tensor | None] | None:
+    """Check a block against single samples; return the gradients at ``probes`` of sample 0's outputs (weighted by
+    ``w``) for :func:`_check_first_row`. Raises :class:`NotPerSample`.
+
+    Rows 0, n/2 and n-1 of the outputs must equal those samples' outputs alone (catches branches on one sample's
+    values and batch-size tests that the two-sample dry runs cannot see)."""
+    n = out.shape[0]
+    with torch.no_grad():
+        for r in sorted({0, n // 2, n - 1}) if n > 1 else []:
+            alone = fn(_slice(batch, r, r + 1))
+            if not _close_rows(out[r:r + 1].detach(), alone, tol):
+                raise NotPerSample(f"the model's output for sample {r} of a block of {n} differs from its output for"
+                                   " that sample alone")
+    if n == 1 or not out.requires_grad:
+        return None
+    cot = torch.zeros_like(out)
+    cot[0] = _weights(out)
+    return list(torch.autograd.grad(out, probes, cot, retain_graph=True, allow_unused=True))
+
+
+def _weights(out: Tensor) -> Tensor:
+    return torch.linspace(1.0, 2.0, out.shape[1], dtype=out.dtype, device=out.device)
+
+
+def _check_first_row(first: list[Tensor | None] | None, grads: list[Tensor | None], out: Tensor, tol: float) -> None:
+    """Sample 0's own gradient at each probe (``first``) must be zero off row 0 and equal, on row 0, to the weighted
+    sum of the batched gradients' row 0 (no mixing after a layer, no backward hook that is not linear)."""
+    if first is None:
+        return
+    w = _weights(out)
+    for g1, g in zip(first, grads):
+        if g1 is None or g is None:
+            continue
+        scale = max(float(g1[0].abs().max()), float(g[:, 0].abs().max()), 1e-300)
+        if float(g1[1:].abs().max()) > tol * scale or \
+                float((torch.tensordot(w.to(g.dtype), g[:, 0], dims=1) - g1[0]).abs().max()) > tol * scale:
+            raise NotPerSample("the gradient of sample 0's outputs in a block differs from its gradient alone (samples"
+                               " mixed after a layer, or a backward hook that is not linear)")
+
+
+def _close_rows(a: Tensor, b: Tensor, tol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    scale = float(torch.maximum(a.abs().max(), b.abs().max())) if a.numel() else 0.0
+    if not math.isfinite(scale):
+        return bool(torch.equal(a.nan_to_num(), b.nan_to_num()))
+    return float((a - b).abs().max()) <= tol * max(scale, 1e-300) if a.numel() else True
 
 
 def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan) -> tuple[list[Factor], Tensor]:
@@ -171,20 +232,39 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan) 
     n = out.shape[0]
     bad = [type(m).__name__ for m, r in records.items() if len(r) != 1 or r[0][0].shape[0] != n]
     if bad:  # the dry runs saw each of them once, on rows that are the samples: control flow depends on the data
-        raise RuntimeError(f"modules {bad} ran a different number of times or on other shapes on this block than in"
-                           " the dry runs; use implementation='func' or 'loop' for models whose structure depends on"
-                           " the data")
+        raise NotPerSample(f"modules {bad} ran a different number of times or on other shapes in a block than in the"
+                           " dry runs")
     used = [(m, r[0]) for m, r in records.items()]
     if not used:
         return [], out.detach()
-    grads = _output_grads(out, [probe for _, (_, probe) in used])
+    probes = [probe for _, (_, probe, _) in used]
+    first = _check_block(fn, batch, out, probes, plan.tolerance)
+    grads = _output_grads(out, probes)
+    _check_first_row(first, grads, out, plan.tolerance)
+    changed = [type(m).__name__ for m, (inp, _, version) in used if inp._version != version]
+    if changed:
+        raise NotPerSample(f"the inputs of {changed} were modified in place after those layers ran")
     factors = []
-    for (mod, (inp, _)), g in zip(used, grads):
+    for (mod, (inp, _, _)), g in zip(used, grads):
         if g is None:  # module ran but does not influence the output
             continue
         with torch.no_grad():  # g: (O, n, *out_shape)
-            factors += rule_for(mod).fn(mod, inp, g, plan.modules[mod])
+            factors += _checked(mod, rule_for(mod).fn(mod, inp, g, plan.modules[mod]), g.shape[0], n)
     return factors, out.detach()
+
+
+def _checked(mod: nn.Module, factors: Any, o: int, n: int) -> list[Factor]:
+    """A rule's factors, or a clear error naming the rule when they are not a list of well-shaped Factors."""
+    name = type(mod).__name__
+    if not isinstance(factors, (list, tuple)) or not all(isinstance(f, Factor) for f in factors):
+        raise TypeError(f"the layer-wise rule for {name} must return a list of interference.Factor, got"
+                        f" {type(factors).__name__}")
+    for f in factors:
+        t = f.g if f.g is not None else f.b
+        if t is None or t.dim() != 3 or tuple(t.shape[:2]) != (o, n) or (f.a is not None and f.a.shape[0] != n):
+            raise ValueError(f"the layer-wise rule for {name} returned a factor of shape"
+                             f" {None if t is None else tuple(t.shape)}; expected (O={o}, n={n}, P)")
+    return list(factors)
 
 
 def _exact_factor(fn: Callable[[Batch], Tensor], model: nn.Module, plan: Plan, batch: Batch) -> Factor:
@@ -215,10 +295,11 @@ def _block_kernel(fn, model, plan: Plan, b1: Batch, b2: Batch | None, output: st
     if plan.exact:
         f1 = f1 + [_exact_factor(fn, model, plan, b1)]
         f2 = f1 if b2 is None else f2 + [_exact_factor(fn, model, plan, b2)]
-    if not f1:
-        raise ValueError("none of the selected parameters influences the output (all gradients are zero)")
     (n, o), m = out1.shape, out2.shape[0]
-    return kernel(f1, None if b2 is None else f2, n, m, o, output, out1.dtype, out1.device)
+    dtype = plan.dtype
+    cast = lambda fs: [f if (f.g if f.g is not None else f.b).dtype == dtype else Factor(  # noqa: E731
+        *(None if t is None else t.to(dtype) for t in (f.g, f.a, f.b)), f.bias) for f in fs]
+    return kernel(cast(f1), None if b2 is None else cast(f2), n, m, o, output, dtype, out1.device)
 
 
 # ----------------------------------------------------------------------------------------------- memory
@@ -274,6 +355,7 @@ def plan_for(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, batc
     check_per_sample_modes(model)
     with quiet_functorch():
         plan = make_plan(fn, model, selected, batch, batch2, implementation)
+    plan.selected, plan.dtype = selected, next(iter(selected.values())).dtype
     if implementation == "layerwise" and plan.exact:
         reasons = "; ".join(f"{k}: {plan.paths[k].reason}" for k in plan.exact)
         raise ValueError(f"implementation='layerwise' does not cover parameters {plan.exact} ({reasons});"
@@ -310,6 +392,24 @@ def jacobian_gram(
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
     _check_limits(chunk_size, max_memory)
     plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
+    try:
+        return _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+    except NotPerSample as err:
+        if implementation == "layerwise":
+            raise RuntimeError(f"implementation='layerwise': {err}; use 'auto'") from err
+        warnings.warn(f"{err}: the model is not a per-sample function of its batch beyond the dry-run samples, so"
+                      " every parameter takes the exact per-sample path", stacklevel=2)
+    selected = select_parameters(model, params)
+    with quiet_functorch():
+        plan = make_plan(fn, model, selected, batch, batch2, implementation, rules=False)
+    plan.selected, plan.dtype = selected, next(iter(selected.values())).dtype
+    return _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+
+
+def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | None, output: str,
+             chunk_size: int | None, max_memory: float | None) -> Tensor:
+    """The kernel by ``plan``, in blocks that fit the memory budget."""
+    implementation = plan.implementation
     if plan.fallback and implementation == "func":
         raise RuntimeError(f"implementation='func': {plan.fallback}; use implementation='loop' (per-sample autograd)"
                            " or 'auto'")
@@ -319,7 +419,7 @@ def jacobian_gram(
     m = n if batch2 is None else batch_size(batch2, "xt")
     o = plan.outputs
     per_pair = {"full": o * o, "diagonal": o, "trace": 1}[output]
-    probe = next(iter(select_parameters(model, params).values()))
+    probe = next(iter(plan.selected.values()))
     if plan.identical_samples:  # every sample is the same: one sample's kernel, repeated (exact)
         with quiet_functorch():
             k = _block_kernel(fn, model, plan, _slice(batch, 0, 1), None, output)
@@ -338,7 +438,7 @@ def jacobian_gram(
         while chunk > 1 and need(chunk) > budget:
             chunk = (chunk + 1) // 2
     else:
-        chunk = chunk_size
+        chunk = min(chunk_size, max(n, m))
     if need(chunk) > budget:
         raise MemoryError(
             f"the kernel needs about {_size(need(chunk))} (output {_size(itemsize * out_elems)}, blocks of {chunk}"

@@ -21,6 +21,8 @@ def model_outputs(model: nn.Module, batch: Batch) -> Tensor:
         raise TypeError(f"the model must return a tensor, got {type(out).__name__}; wrap it to select one output")
     if out.dim() == 0 or out.shape[0] != n:
         raise ValueError(f"the model output must have the batch size {n} as its first dimension, got shape {tuple(out.shape)}")
+    if not out.is_floating_point():
+        raise TypeError(f"the model output must be a floating-point tensor to differentiate, got {out.dtype}")
     return out.reshape(n, -1)
 
 

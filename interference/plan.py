@@ -14,12 +14,24 @@ reason the parameter goes to the exact path instead:
   and the gradient of output row ``i`` reaches row ``i`` of the module's output only (nothing downstream mixes
   samples);
 * no other use: in the autograd graph of a dry run, the parameter is reachable from the output only through the
-  module's own call (observed on the graph itself, so ties such as ``F.embedding(ids, head.weight)``, a use in the
-  loss, or a view of the weight made in ``__init__`` are all seen).
+  module's own call, and that call reaches no other module's parameter (observed on the graph itself, so ties such
+  as ``F.embedding(ids, head.weight)``, a use in the loss, a weight read by another layer or a view of the weight
+  made in ``__init__`` are all seen);
+* the rule's own checks: the class's ``forward`` is still the one the rule was registered for, and the input has a
+  shape the rule handles (e.g. 4-D for ``Conv2d``).
 
-Values are compared with a tolerance of ``sqrt(eps)`` of the dtype relative to their scale (a batch of 2 may round
-differently from a batch of 1); mixing smaller than that goes unnoticed. If every sample equals every other there is
-no pair to compare: the engine then computes the kernel of one sample and repeats it, which is exact.
+``s1`` is the sample that differs from ``s0`` in the most batch entries (bitwise, so ``-0.0`` differs from ``0.0``),
+then by the largest distance. Values are compared with a tolerance of ``sqrt(eps)`` of the least precise floating
+dtype among the model's tensors and the inputs (a batch of 2 may round differently from a batch of 1); mixing
+smaller than that goes unnoticed here. Graph nodes present in two dry runs' graphs were made outside ``forward``
+(a view of a weight taken in ``__init__``): ``functional_call`` cannot see such uses, so their parameters' exact path
+is the loop. If every sample equals every other there is no pair to compare: the engine then computes the kernel of
+one sample and repeats it, which is exact. The dry runs call ``forward`` four or five times on one or two samples,
+so state a forward changes (running statistics in training mode, counters) sees those calls.
+
+Dry runs cannot see what only other samples would show (a branch on a value only a later sample has, a batch-size
+test); the engine checks every block it computes as well (:func:`interference.gram` verifies rows against
+single-sample runs) and falls back to the exact path when a block disagrees.
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ from torch.utils import _pytree as pytree
 from .exact import exact_path_check
 from .rules import LayerRule, registered_rules, rule_for
 
-__all__ = ["ParamPath", "Plan", "make_plan", "first_distinct_sample"]
+__all__ = ["ParamPath", "Plan", "make_plan", "distinct_sample", "hidden_uses", "tolerance", "unseen_parameters",
+           "unseen_message"]
 
 Batch = Any
 
@@ -68,6 +81,9 @@ class Plan:
     io: dict[nn.Module, int] = field(default_factory=dict)  # elements of one sample's input + output per module
     fallback: str | None = None  # why vmap cannot be used: auto takes the loop, func raises
     implementation: str = "auto"
+    tolerance: float = 0.0  # relative tolerance of value comparisons (sqrt(eps) of the least precise dtype)
+    selected: dict[str, nn.Parameter] = field(default_factory=dict)
+    dtype: torch.dtype = torch.float32  # the kernel's: the selected parameters'
 
     def __str__(self) -> str:
         rows = [(p.name, f"rule:{p.rule}" if p.path == "rule" else p.path, p.reason) for p in self.paths.values()]
@@ -110,6 +126,8 @@ def _module_refusal(mod: nn.Module) -> tuple[LayerRule | None, str | None]:
             return None, f"{type(mod).__name__} has {what} ({_hook_names(hooks)})"
     if "forward" in vars(mod):
         return None, f"{type(mod).__name__}.forward is replaced on the instance"
+    if type(mod).forward is not rule.forward:
+        return None, f"{type(mod).__name__}.forward was replaced on the class after its rule was registered"
     reason = rule.refuse(mod) if rule.refuse is not None else None
     if reason:
         return None, f"{type(mod).__name__}: {reason}"
@@ -157,31 +175,36 @@ def _run(fn: Callable[[Batch], Tensor], batch: Batch, mods: list[nn.Module], gra
     return out, calls
 
 
-def first_distinct_sample(batch: Batch, batch2: Batch | None) -> Batch | None:
-    """The first sample of ``batch`` then ``batch2`` that differs from ``batch``'s first (a 1-sample batch), or None."""
-    ref = [t[:1] for t in pytree.tree_leaves(batch)]
+def distinct_sample(batch: Batch, batch2: Batch | None) -> Batch | None:
+    """The sample of ``batch`` and ``batch2`` that differs from ``batch``'s first in the most entries (bitwise), then
+    by the largest relative distance, as a 1-sample batch; ``None`` if every sample equals the first."""
+    ref = [t[:1].detach() for t in pytree.tree_leaves(batch)]
+    best, best_score = None, 0.0
     for b in (batch, batch2):
         if b is None:
             continue
-        leaves = pytree.tree_leaves(b)
+        leaves = [t.detach() for t in pytree.tree_leaves(b)]
         n = leaves[0].shape[0]
-        differs = torch.zeros(n, dtype=torch.bool, device=leaves[0].device)
+        score = torch.zeros(n, dtype=torch.float64, device=leaves[0].device)
         for t, r in zip(leaves, ref):
-            differs |= (t != r).reshape(n, -1).any(1)
-        idx = torch.nonzero(differs)
-        if idx.numel():
-            i = int(idx[0])
-            return pytree.tree_map(lambda t: t[i:i + 1], b)
-    return None
+            differs = t != r
+            if t.is_floating_point():
+                differs |= torch.signbit(t) != torch.signbit(r)
+                d = ((t - r).double().nan_to_num(1.0, 1.0, 1.0) ** 2).reshape(n, -1).sum(1)
+                score += d / (d + (r.double().nan_to_num() ** 2).sum() + 1e-300)  # in [0, 1)
+            score += 2.0 * differs.reshape(n, -1).any(1)
+        i = int(score.argmax())
+        if float(score[i]) > best_score:
+            best, best_score = pytree.tree_map(lambda t: t[i:i + 1], b), float(score[i])
+    return best
 
 
 def _cat(a: Batch, b: Batch) -> Batch:
     return pytree.tree_map(lambda s, t: torch.cat([s, t]), a, b)
 
 
-def _close(a: Tensor, b: Tensor) -> bool:
-    """Equal shapes and values within ``sqrt(eps)`` of the dtype relative to their scale (exact for integers and
-    for non-finite entries)."""
+def _close(a: Tensor, b: Tensor, tol: float) -> bool:
+    """Equal shapes and values within ``tol`` relative to their scale (exact for integers and non-finite entries)."""
     if a.shape != b.shape:
         return False
     if not a.is_floating_point():
@@ -191,55 +214,105 @@ def _close(a: Tensor, b: Tensor) -> bool:
     a, b = a.detach(), b.detach()
     diff, scale = float((a - b).abs().max()), float(torch.maximum(a.abs().max(), b.abs().max()))
     if math.isfinite(scale):
-        return diff <= _tolerance(a.dtype) * scale
+        return diff <= tol * scale
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
         return False
-    return _close(a[finite], b[finite])
+    return _close(a[finite], b[finite], tol)
 
 
-def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None) -> bool:
+def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None, tol: float) -> bool:
     """``pair`` (2, ...) holds ``first`` (1, ...) and ``second`` (1, ...) as its rows."""
     if pair is None or first is None or second is None:
         return False
     if first.dim() == 0 or first.shape[0] != 1 or second.shape != first.shape:
         return False
-    return pair.shape == (2, *first.shape[1:]) and _close(pair, torch.cat([first, second]))
+    return pair.shape == (2, *first.shape[1:]) and _close(pair, torch.cat([first, second]), tol)
 
 
-def _tolerance(dtype: torch.dtype) -> float:
-    return (torch.finfo(dtype).eps if dtype.is_floating_point else 0.0) ** 0.5
+def tolerance(model: nn.Module, batch: Batch) -> float:
+    """``sqrt(eps)`` of the least precise floating dtype among the model's parameters and buffers and the inputs."""
+    dtypes = {t.dtype for t in (*model.parameters(), *model.buffers(), *pytree.tree_leaves(batch))
+              if t.is_floating_point()} or {torch.get_default_dtype()}
+    return max(torch.finfo(d).eps for d in dtypes) ** 0.5
 
 
-def _reached_params(root: Any, cuts: dict[Any, list[Any]]) -> set[int]:
-    """ids of the leaf tensors reachable from ``root`` in the autograd graph when each node in ``cuts`` (a module
-    call's output) is replaced by its call's input nodes, i.e. the module's inside is skipped."""
-    stack, seen, reached = [root], set(), set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
+def _leaves_below(roots: list[Any], cuts: dict[Any, tuple[nn.Module, list[Any]]],
+                  own: dict[nn.Module, set[int]]) -> set[int]:
+    """ids of the leaf tensors reachable from ``roots`` outside the module calls in ``cuts`` (a call's output node ->
+    its module and input nodes), plus those a call reaches inside itself that are not its module's own parameters.
+
+    Outside a call the walk skips the call's inside and goes on from its inputs; inside, it stops at the inputs."""
+    reached: set[int] = set()
+    outer, seen_outer = list(roots), set()
+    while outer:
+        node = outer.pop()
+        if node is None or node in seen_outer:
             continue
-        seen.add(node)
+        seen_outer.add(node)
         if node in cuts:
-            stack.extend(cuts[node])
+            mod, inputs = cuts[node]
+            outer.extend(inputs)
+            stops, inner, seen = set(inputs), [nxt for nxt, _ in node.next_functions], set()
+            while inner:  # the call's inside: its own parameters only
+                n = inner.pop()
+                if n is None or n in seen or n in stops:
+                    continue
+                seen.add(n)
+                if n in cuts:  # a nested call: counted when the outer walk reaches it
+                    outer.append(n)
+                    continue
+                var = getattr(n, "variable", None)
+                if var is not None:
+                    if id(var) not in own[mod]:
+                        reached.add(id(var))
+                    continue
+                inner.extend(nxt for nxt, _ in n.next_functions)
             continue
         var = getattr(node, "variable", None)
         if var is not None:
             reached.add(id(var))
             continue
-        stack.extend(nxt for nxt, _ in node.next_functions)
+        outer.extend(nxt for nxt, _ in node.next_functions)
     return reached
+
+
+def _nodes(root: Any) -> set[Any]:
+    """Every node of the autograd graph under ``root``."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return seen
+
+
+def hidden_uses(first: Tensor, second: Tensor) -> set[int]:
+    """ids of the leaves reached through graph nodes common to two forwards' outputs ``first`` and ``second``:
+    tensors made from parameters outside ``forward`` (a view taken in ``__init__``), which ``functional_call`` and
+    so ``torch.func`` cannot see."""
+    if first.grad_fn is None or second.grad_fn is None:
+        return set()
+    common = [n for n in _nodes(first.grad_fn) & _nodes(second.grad_fn) if getattr(n, "variable", None) is None]
+    below = set().union(*(_nodes(n) for n in common)) if common else set()
+    return {id(n.variable) for n in below if getattr(n, "variable", None) is not None}
 
 
 # ----------------------------------------------------------------------------------------------- the plan
 def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str, nn.Parameter], batch: Batch,
-              batch2: Batch | None, implementation: str) -> Plan:
-    """Decide and justify the path of every selected parameter (see the module docstring)."""
-    plan = Plan()
+              batch2: Batch | None, implementation: str, rules: bool = True) -> Plan:
+    """Decide and justify the path of every selected parameter (see the module docstring); ``rules=False`` puts
+    every parameter on the exact path (the engine's answer to a block that failed its checks)."""
+    plan = Plan(implementation=implementation)
     one = pytree.tree_map(lambda t: t[:1], batch)
-    other = first_distinct_sample(batch, batch2)
+    other = distinct_sample(batch, batch2)
     plan.identical_samples = other is None
+    tol = tolerance(model, batch)
     exact_reason = {"func": "implementation='func'", "loop": "implementation='loop'"}.get(implementation)
+    if not rules:
+        exact_reason = "a block failed the per-sample checks"
 
     # structure: which modules may use a rule, and for which of their parameters
     owners: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -271,17 +344,18 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         for local in claims.pop(mod, ()):
             why[full_name[(id(mod), local)]] = reason
 
-    mods = list(claims)
-    # run on s0 with every selected parameter requiring grad: calls, layouts and the graph
+    # s0 alone, twice with grad (selected parameters switched on): calls, shapes, the graph, determinism
     frozen = [p for p in selected.values() if not p.requires_grad]
     for p in frozen:
         p.requires_grad_(True)
     try:
+        mods = list(claims)
         out_a, calls_a = _run(fn, one, mods, grad=True)
         plan.outputs = out_a.shape[1]
         cuts = {}
         for mod in mods:
             c = calls_a[mod]
+            reason = rule_for(mod).refuse_input(mod, c[0].inp) if len(c) == 1 and c[0].inp is not None else None
             if len(c) != 1:
                 refuse(mod, f"called {len(c)} times per forward" if c else "not called by the forward")
             elif c[0].inp is None or c[0].out is None:
@@ -289,9 +363,21 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
             elif c[0].inp.dim() == 0 or c[0].inp.shape[0] != 1 or c[0].out.dim() == 0 or c[0].out.shape[0] != 1:
                 refuse(mod, f"its input's leading dimension is not the samples (shape {tuple(c[0].inp.shape)}"
                             " for one sample)")
+            elif reason:
+                refuse(mod, f"{type(mod).__name__}: {reason}")
             elif c[0].out_node is not None:
-                cuts[c[0].out_node] = [c[0].inp_node] if c[0].inp_node is not None else []
-        reached = _reached_params(out_a.grad_fn, cuts) if out_a.grad_fn is not None else set()
+                cuts[c[0].out_node] = (mod, [c[0].inp_node] if c[0].inp_node is not None else [])
+        own = {m: {id(q) for q in m.parameters(recurse=False)} for m in mods}
+        reached = _leaves_below([out_a.grad_fn], cuts, own)
+        probes: dict[nn.Module, list[Tensor]] = {}
+        mods = list(claims)
+        if other is not None:  # the pair, with probes for the gradient rows; its graph is the second one
+            out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=True, probes=probes)
+        else:
+            out_ab, _ = _run(fn, one, [], grad=True)
+            if not _close(out_ab, out_a, tol):
+                _raise_random()
+        hidden = hidden_uses(out_a, out_ab)
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -303,15 +389,17 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         if not claims[mod]:
             claims.pop(mod)
 
-    # rows are the samples: s1 alone, [s0, s1] (with probes for the gradient rows) and [s1, s0]
+    # rows are the samples: s1 alone and [s1, s0] against the pair [s0, s1]
     if other is not None and claims:
         mods = list(claims)
-        probes: dict[nn.Module, list[Tensor]] = {}
-        out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=True, probes=probes)
         with torch.no_grad():
             out_b, calls_b = _run(fn, other, mods, grad=False)
             out_ba, calls_ba = _run(fn, _cat(other, one), mods, grad=False)
-        outputs_ok = _rows_ok(out_ab, out_a, out_b) and _rows_ok(out_ba, out_b, out_a)
+        outputs_ok = _rows_ok(out_ab, out_a, out_b, tol) and _rows_ok(out_ba, out_b, out_a, tol)
+        if not outputs_ok:
+            with torch.no_grad():
+                if not _close(fn(one), out_a, tol):
+                    _raise_random()
         for mod in mods:
             if not outputs_ok:
                 refuse(mod, "the model's outputs for two samples together differ from each sample's alone")
@@ -319,21 +407,24 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
             cs = [calls_a[mod], calls_b[mod], calls_ab[mod], calls_ba[mod]]
             if any(len(c) != 1 for c in cs):
                 refuse(mod, "called a different number of times for other samples")
-            elif not (_rows_ok(cs[2][0].inp, cs[0][0].inp, cs[1][0].inp)
-                      and _rows_ok(cs[3][0].inp, cs[1][0].inp, cs[0][0].inp)
-                      and _rows_ok(cs[2][0].out, cs[0][0].out, cs[1][0].out)):
+            elif not (_rows_ok(cs[2][0].inp, cs[0][0].inp, cs[1][0].inp, tol)
+                      and _rows_ok(cs[3][0].inp, cs[1][0].inp, cs[0][0].inp, tol)
+                      and _rows_ok(cs[2][0].out, cs[0][0].out, cs[1][0].out, tol)):
                 refuse(mod, "its input rows are not the samples (two samples together differ from each alone)")
         if claims:
-            _check_gradient_rows(out_ab, {m: probes[m][0] for m in claims if m in probes}, refuse)
+            _check_gradient_rows(out_ab, {m: probes[m][0] for m in claims if m in probes}, refuse, tol)
 
+    plan.tolerance = tol
     plan.modules = {m: frozenset(u) for m, u in claims.items()}
     plan.io = {m: calls_a[m][0].inp.numel() + calls_a[m][0].out.numel() for m in claims}
     rule_of = {full_name[(id(m), local)]: type(m).__name__ for m, u in claims.items() for local in u}
     plan.exact_impl = "loop" if implementation == "loop" else "func"
-    plan.implementation = implementation
     exact = [k for k in selected if k not in rule_of]
-    if exact and implementation in ("auto", "func"):  # vmap must run the model and agree with autograd
-        plan.fallback = exact_path_check(fn, model, exact, one if other is None else _cat(one, other), _close)
+    if exact and implementation in ("auto", "func"):  # vmap must see every use, run the model and agree with autograd
+        unseen = [k for k in exact if id(selected[k]) in hidden]
+        plan.fallback = unseen_message(unseen) if unseen else \
+            exact_path_check(fn, model, exact, one if other is None else _cat(one, other),
+                             lambda a, b: _close(a, b, tol))
         if plan.fallback and implementation == "auto":
             plan.exact_impl = "loop"
     for name in selected:
@@ -346,27 +437,59 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
     return plan
 
 
-def _check_gradient_rows(out: Tensor, probes: dict[nn.Module, Tensor], refuse: Callable[[nn.Module, str], None]) -> None:
+def unseen_message(names: list[str]) -> str:
+    return (f"torch.func (functional_call + vmap) cannot see how {names} reach the output (through a tensor made from"
+            " them outside forward, e.g. a view taken in __init__)")
+
+
+def unseen_parameters(fn: Callable[[Batch], Tensor], selected: dict[str, nn.Parameter], one: Batch) -> list[str]:
+    """Selected parameters that reach ``fn``'s output through tensors made outside ``forward`` (two runs on ``one``)."""
+    frozen = [p for p in selected.values() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            hidden = hidden_uses(fn(one), fn(one))
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+    return [k for k, p in selected.items() if id(p) in hidden]
+
+
+def _raise_random() -> None:
+    raise ValueError("the model gives different outputs for the same input on two calls (random ops such as dropout in"
+                     " training mode, or state that changes per call), so per-sample Jacobians are not defined;"
+                     " call model.eval() or make the forward deterministic")
+
+
+def _check_gradient_rows(out: Tensor, probes: dict[nn.Module, Tensor], refuse: Callable[[nn.Module, str], None],
+                         tol: float) -> None:
     """Refuse modules at whose output the gradient of one sample's outputs (``out`` (2, O) of a pair run, ``probes``
-    the zero tensors added to the modules' outputs in it) reaches the other sample's row."""
+    the zero tensors added to the modules' outputs in it) reaches the other sample's row, or where the gradient of
+    both samples' outputs together is not the sum of each's (a backward hook that is not linear, e.g. clipping)."""
     if not probes or not out.requires_grad:
         return
     used = list(probes)
     weights = torch.linspace(1.0, 2.0, out.shape[1], dtype=out.dtype, device=out.device)
-    cot = torch.zeros(2, *out.shape, dtype=out.dtype, device=out.device)
-    cot[0, 0], cot[1, 1] = weights, weights  # cotangent r: sample r's outputs only
+    cot = torch.zeros(3, *out.shape, dtype=out.dtype, device=out.device)
+    cot[0, 0], cot[1, 1], cot[2] = weights, weights, weights  # cotangent r: sample r's outputs only; 2: both
     try:
-        grads = torch.autograd.grad(out, [probes[m] for m in used], cot, is_grads_batched=True, allow_unused=True)
+        grads = torch.autograd.grad(out, [probes[m] for m in used], cot, is_grads_batched=True, allow_unused=True,
+                                    retain_graph=True)
     except RuntimeError:  # a backward formula vmap cannot batch: one pass per row
         rows = [torch.autograd.grad(out, [probes[m] for m in used], cot[r], retain_graph=True, allow_unused=True)
-                for r in (0, 1)]
+                for r in (0, 1, 2)]
         grads = [None if g[0] is None else torch.stack(g) for g in zip(*rows)]
     for mod, g in zip(used, grads):
         if g is None:
             continue
         for row in (0, 1):  # g[row]: gradient of sample row's outputs at the module's output, (2, ...)
             own, cross = float(g[row, row].abs().max()), float(g[row, 1 - row].abs().max())
-            if cross > _tolerance(g.dtype) * max(own, 1e-30):
+            if cross > tol * max(own, 1e-30):
                 refuse(mod, "the gradient of one sample's outputs reaches another sample's row at its output"
                             " (samples are mixed after it)")
                 break
+        else:
+            if not _close(g[2], g[0] + g[1], tol):
+                refuse(mod, "the gradient at its output is not linear in the outputs' cotangents (a backward hook"
+                            " that clips or normalises gradients?)")

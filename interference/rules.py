@@ -63,27 +63,34 @@ RuleFn = Callable[[nn.Module, Tensor, Tensor, frozenset[str]], list[Factor]]
 
 @dataclass(frozen=True)
 class LayerRule:
-    """A rule, the local parameter names it differentiates, and an optional per-instance refusal.
-
-    ``refuse(module)`` returns a reason (str) when this instance is outside what the rule handles (e.g. a grouped
-    convolution), else ``None``.
-    """
+    """A rule, the local parameter names it differentiates, the class ``forward`` it was written for, and optional
+    refusals: ``refuse(module)`` and ``refuse_input(module, inp)`` return a reason (str) when this instance or input
+    (one sample's, ``(1, ...)``) is outside what the rule handles (a grouped convolution, a 3-D conv input), else
+    ``None``."""
 
     fn: RuleFn
     params: frozenset[str]
+    forward: Callable
     refuse: Callable[[nn.Module], str | None] | None = None
+    check_input: Callable[[nn.Module, Tensor], str | None] | None = None
+
+    def refuse_input(self, module: nn.Module, inp: Tensor) -> str | None:
+        return self.check_input(module, inp) if self.check_input is not None else None
 
 
 _RULES: dict[type, LayerRule] = {}
 
 
 def register_rule(module_type: type, rule: RuleFn, params: tuple[str, ...],
-                  refuse: Callable[[nn.Module], str | None] | None = None, *, replace: bool = False) -> None:
+                  refuse: Callable[[nn.Module], str | None] | None = None,
+                  refuse_input: Callable[[nn.Module, Tensor], str | None] | None = None, *,
+                  replace: bool = False) -> None:
     """Teach the engine ``module_type`` (exact type; subclasses are not covered): see the module docstring.
 
     ``params`` are the local parameter names (as in ``module.named_parameters(recurse=False)``) the rule
-    differentiates; any other parameter of the module goes to the exact path. ``replace=True`` overrides an
-    existing rule.
+    differentiates; any other parameter of the module goes to the exact path. ``refuse`` / ``refuse_input`` return a
+    reason for instances / inputs the rule does not handle. The class's current ``forward`` is recorded: a module
+    whose class ``forward`` is replaced later is refused. ``replace=True`` overrides an existing rule.
     """
     if not isinstance(module_type, type) or not issubclass(module_type, nn.Module):
         raise TypeError(f"module_type must be an nn.Module subclass, got {module_type!r}")
@@ -93,7 +100,7 @@ def register_rule(module_type: type, rule: RuleFn, params: tuple[str, ...],
         raise ValueError(f"params must be a non-empty tuple of parameter names, got {params!r}")
     if module_type in _RULES and not replace:
         raise ValueError(f"a rule for {module_type.__name__} is already registered; pass replace=True to override it")
-    _RULES[module_type] = LayerRule(rule, frozenset(params), refuse)
+    _RULES[module_type] = LayerRule(rule, frozenset(params), module_type.forward, refuse, refuse_input)
 
 
 def rule_for(module: nn.Module) -> LayerRule | None:
@@ -173,6 +180,15 @@ def _layer_norm(mod: nn.LayerNorm, inp: Tensor, gout: Tensor, use: frozenset[str
     return out
 
 
-register_rule(nn.Linear, _linear, ("weight", "bias"))
-register_rule(nn.Conv2d, _conv2d, ("weight", "bias"), _conv2d_refuse)
-register_rule(nn.LayerNorm, _layer_norm, ("weight", "bias"))
+def _needs_dims(least: int, exact: bool = False) -> Callable[[nn.Module, Tensor], str | None]:
+    def check(mod: nn.Module, inp: Tensor) -> str | None:
+        dims = least + (len(mod.normalized_shape) if isinstance(mod, nn.LayerNorm) else 0)
+        if inp.dim() < dims or (exact and inp.dim() != dims):
+            return f"input of {inp.dim()} dimensions (needs {'' if exact else 'at least '}{dims}: samples first)"
+        return None
+    return check
+
+
+register_rule(nn.Linear, _linear, ("weight", "bias"), refuse_input=_needs_dims(2))
+register_rule(nn.Conv2d, _conv2d, ("weight", "bias"), _conv2d_refuse, _needs_dims(4, exact=True))
+register_rule(nn.LayerNorm, _layer_norm, ("weight", "bias"), refuse_input=_needs_dims(1))
