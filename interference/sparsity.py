@@ -1,20 +1,23 @@
 """Function sparsity (the paper's Definition 1) and representation sparsity of hidden activations.
 
-``S_eps,C(sigma) = |{x in [-C, C] : |sigma(x)| <= eps}| / 2C``. It is computed by locating every crossing of
-``|sigma(x)| = eps`` on a grid (uniform near 0, geometric further out) and refining each with Brent's method, so
-the measure is exact to ``xtol`` per crossing as long as ``|sigma| - eps`` changes sign at most once between two
-neighbouring grid nodes (true for every activation here: their level sets have at most a few points).
+``S_eps,C(sigma) = |{x in [-C, C] : |sigma(x)| <= eps}| / 2C``.
+
+The measure is found cell by cell with a local bound on ``|sigma'|`` and vectorised root finding; the
+method, when its bound holds and the error that remains are in :mod:`interference.level_set`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 import torch
-from scipy.optimize import brentq
 from torch import Tensor
+
+from .level_set import ScalarFn, derivative, measures
 
 __all__ = [
     "sparse_measure",
@@ -28,61 +31,60 @@ __all__ = [
     "saturated_units",
 ]
 
-ScalarFn = Callable[[Tensor], Tensor]
+def _check_fn(func: str, fn: object) -> None:
+    if not callable(fn):
+        raise TypeError(f"{func}: fn must be an elementwise callable Tensor -> Tensor, got {type(fn).__name__}")
 
 
-def derivative(fn: ScalarFn) -> ScalarFn:
-    """Elementwise derivative of an elementwise function, by autograd (exact, not finite differences)."""
+def _check_number(func: str, name: str, value: object, *, zero_ok: bool = False) -> float:
+    """``value`` as a float; a clear error naming ``func`` and the argument ``name`` unless it is a finite real
+    number > 0 (``>= 0`` with ``zero_ok``)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{func}: {name} must be a real number, got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and (v >= 0 if zero_ok else v > 0)):
+        raise ValueError(f"{func}: {name} must be {'>= 0' if zero_ok else '> 0'} and finite, got {value!r}")
+    return v
 
-    def d(x: Tensor) -> Tensor:
-        with torch.enable_grad():
-            x = x.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(fn(x).sum(), x)
-        return g
 
-    return d
+def _check_points(func: str, points: object) -> int:
+    if isinstance(points, bool) or not isinstance(points, Integral):
+        raise TypeError(f"{func}: points must be an int >= 3, got {points!r}")
+    if points < 3:
+        raise ValueError(f"{func}: points must be an int >= 3, got {points!r}")
+    return int(points)
 
 
-def _grid(c: float, points: int) -> np.ndarray:
-    """Symmetric grid on [-c, c]: uniform on [-1, 1] (where activations bend) and geometric beyond."""
-    inner = np.linspace(-min(c, 1.0), min(c, 1.0), points)
-    if c <= 1.0:
-        return inner
-    outer = np.geomspace(1.0, c, points)[1:]
-    return np.concatenate([-outer[::-1], inner, outer])
+def _checked(func: str, fn: object, eps: object, c: object, points: object,
+             xtol: object) -> tuple[float, float, int, float]:
+    """The arguments of :func:`sparse_measure` and friends, checked: (eps, c, points, xtol)."""
+    _check_fn(func, fn)
+    return (_check_number(func, "eps", eps), _check_number(func, "c", c), _check_points(func, points),
+            _check_number(func, "xtol", xtol))
 
 
 def sparse_measure(fn: ScalarFn, eps: float, c: float, *, points: int = 20001, xtol: float = 1e-12) -> float:
-    """Lebesgue measure of ``{x in [-c, c] : |fn(x)| <= eps}`` (``fn`` elementwise, evaluated in float64)."""
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
-    if not c > 0:
-        raise ValueError(f"C must be > 0, got {c!r}")
+    """Lebesgue measure of ``{x in [-c, c] : |fn(x)| <= eps}`` (``fn`` elementwise, evaluated in float64; ``c``
+    is the paper's ``C``).
 
-    def g(x: np.ndarray | float) -> np.ndarray:
-        t = torch.as_tensor(np.atleast_1d(x), dtype=torch.float64)
-        return fn(t).abs().detach().numpy() - eps
-
-    xs = _grid(float(c), points)
-    vals = g(xs)
-    inside = vals <= 0
-    widths = np.diff(xs)
-    total = float(widths[inside[:-1] & inside[1:]].sum())
-    for i in np.flatnonzero(inside[:-1] != inside[1:]):  # one crossing in each such interval
-        lo, hi = xs[i], xs[i + 1]
-        root = brentq(lambda z: float(g(z)[0]), lo, hi, xtol=xtol)
-        total += (root - lo) if inside[i] else (hi - root)
-    return total
+    ``points``: samples per piece ([-c, -1], [-1, 1], [1, c]) before refinement; ``xtol``: the tolerance of each
+    crossing (never below 4 ulp of x), and times ``max(1, c)`` the narrowest cell refined. The method, the local
+    derivative bound it relies on and the error that remains are in the module docstring.
+    """
+    e, cc, n, tol = _checked("sparse_measure", fn, eps, c, points, xtol)
+    return measures("sparse_measure", fn, [e], cc, n, tol)[0]
 
 
-def function_sparsity(fn: ScalarFn, eps: float, c: float, **kwargs: float) -> float:
-    """``S_eps,C(fn)``: the fraction of ``[-c, c]`` where ``|fn| <= eps`` (Definition 1)."""
-    return sparse_measure(fn, eps, c, **kwargs) / (2.0 * c)
+def function_sparsity(fn: ScalarFn, eps: float, c: float, *, points: int = 20001, xtol: float = 1e-12) -> float:
+    """``S_eps,C(fn)``: the fraction of ``[-c, c]`` where ``|fn| <= eps`` (Definition 1); see :func:`sparse_measure`."""
+    e, cc, n, tol = _checked("function_sparsity", fn, eps, c, points, xtol)
+    return measures("function_sparsity", fn, [e], cc, n, tol)[0] / (2.0 * cc)
 
 
-def gradient_sparsity(fn: ScalarFn, eps: float, c: float, **kwargs: float) -> float:
-    """``S_eps,C(fn')``: the same for the derivative, taken by autograd."""
-    return function_sparsity(derivative(fn), eps, c, **kwargs)
+def gradient_sparsity(fn: ScalarFn, eps: float, c: float, *, points: int = 20001, xtol: float = 1e-12) -> float:
+    """``S_eps,C(fn')``: the same for the derivative, taken by autograd (its bound uses ``fn''``)."""
+    e, cc, n, tol = _checked("gradient_sparsity", fn, eps, c, points, xtol)
+    return measures("gradient_sparsity", derivative(fn), [e], cc, n, tol)[0] / (2.0 * cc)
 
 
 @dataclass(frozen=True)
@@ -99,31 +101,49 @@ def sparsity_limit(
     fn: ScalarFn,
     *,
     gradient: bool = False,
-    eps: tuple[float, ...] = (1e-2, 1e-3, 1e-4),
-    c: tuple[float, ...] = (1e2, 1e4, 1e6),
+    eps: Sequence[float] = (1e-2, 1e-3, 1e-4),
+    c: Sequence[float] = (1e2, 1e4, 1e6),
 ) -> SparsityLimit:
     """Estimate ``S(fn)`` (or ``S(fn')`` with ``gradient=True``) from a table of ``S_eps,C``.
 
-    The inner limit is read at the largest ``C``, the outer at the smallest ``eps``; ``values`` lets a caller
-    check that both have converged (the error of the inner limit is O(w(eps) / C) for a near-zero set of width
-    w(eps) around the origin).
+    The inner limit is read at the last ``c``, the outer at the last ``eps`` (give them in increasing ``c`` and
+    decreasing ``eps``); ``values`` lets a caller check that both have converged (the error of the inner limit is
+    O(w(eps) / C) for a near-zero set of width w(eps) around the origin). [-1, 1] is sampled once for all ``c``.
     """
+    func = "sparsity_limit"
+    _check_fn(func, fn)
+    if not isinstance(gradient, bool):
+        raise TypeError(f"{func}: gradient must be a bool, got {gradient!r}")
+    checked = {}
+    for name, seq in (("eps", eps), ("c", c)):
+        if (isinstance(seq, (str, bytes)) or not isinstance(seq, (Sequence, np.ndarray)) or np.ndim(seq) != 1
+                or len(seq) == 0):
+            raise ValueError(f"{func}: {name} must be a non-empty sequence of numbers, got {seq!r}")
+        checked[name] = tuple(_check_number(func, f"{name}[{i}]", v) for i, v in enumerate(seq))
     f = derivative(fn) if gradient else fn
-    table = tuple(tuple(function_sparsity(f, e, cc) for cc in c) for e in eps)
-    return SparsityLimit(estimate=table[-1][-1], eps=tuple(eps), c=tuple(c), values=table)
+    shared: dict = {}  # first cells per piece of [-c, c], shared by every c
+    columns = [measures(func, f, checked["eps"], cc, 20001, 1e-12, shared) for cc in checked["c"]]
+    table = tuple(tuple(col[i] / (2.0 * cc) for col, cc in zip(columns, checked["c"]))
+                  for i in range(len(checked["eps"])))
+    return SparsityLimit(estimate=table[-1][-1], eps=checked["eps"], c=checked["c"], values=table)
 
 
 def _check_units(name: str, h: Tensor) -> Tensor:
+    """``h`` (N, ..., units) as a detached (N * ..., units) matrix, or a clear error naming the function ``name``."""
     if not isinstance(h, Tensor):
         raise TypeError(f"{name}: expected a tensor of hidden activations (N, units), got {type(h).__name__}")
     if h.dim() < 2:
         raise ValueError(f"{name}: expected shape (N, units) or (N, ..., units), got {tuple(h.shape)}")
+    if h.numel() == 0:
+        what = "the batch is empty" if h.shape[-1] else "there are no units"
+        raise ValueError(f"{name}: {what} (shape {tuple(h.shape)}); it needs at least one sample and one unit")
     return h.detach().reshape(-1, h.shape[-1])
 
 
 def representation_sparsity(h: Tensor, eps: float) -> float:
-    """Fraction of entries of a batch of hidden activations ``h`` (N, units) with ``|h| <= eps``."""
-    return float((_check_units("representation_sparsity", h).abs() <= eps).double().mean())
+    """Fraction of entries of a batch of hidden activations ``h`` (N, units) with ``|h| <= eps`` (``eps >= 0``)."""
+    e = _check_number("representation_sparsity", "eps", eps, zero_ok=True)
+    return float((_check_units("representation_sparsity", h).abs() <= e).double().mean())
 
 
 def dormant_units(h: Tensor, tau: float) -> Tensor:
@@ -131,11 +151,12 @@ def dormant_units(h: Tensor, tau: float) -> Tensor:
 
     With ``tau = 0`` this is the ReLU notion of a dead unit (zero on every input).
     """
+    t = _check_number("dormant_units", "tau", tau, zero_ok=True)
     a = _check_units("dormant_units", h).abs().mean(0)
     scale = a.mean()
     if scale == 0:
         return torch.ones_like(a, dtype=torch.bool)
-    return a / scale <= tau
+    return a / scale <= t
 
 
 def saturated_units(dphi: Tensor, eps: float, fraction: float = 1.0) -> Tensor:
@@ -145,7 +166,8 @@ def saturated_units(dphi: Tensor, eps: float, fraction: float = 1.0) -> Tensor:
     the layers below it on these inputs, which covers dead ReLUs, saturated Tanh/Sigmoid and Elephant units whose
     inputs all sit on the flat tails.
     """
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    e = _check_number("saturated_units", "eps", eps, zero_ok=True)
+    if isinstance(fraction, bool) or not isinstance(fraction, Real) or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"saturated_units: fraction must be in (0, 1], got {fraction!r}")
     d = _check_units("saturated_units", dphi)
-    return (d.abs() <= eps).double().mean(0) >= fraction
+    return (d.abs() <= e).double().mean(0) >= fraction
