@@ -20,6 +20,10 @@ LossFn = Callable[[nn.Module, Batch], Tensor]
 """``loss_fn(model, batch) -> (k,)`` per-sample losses (no reduction); samples must not interact."""
 
 
+class LossShapeError(ValueError):
+    """``loss_fn`` did not return one loss per sample."""
+
+
 def loss_outputs(loss_fn: LossFn, model: nn.Module, batch: Batch) -> Tensor:
     """The per-sample losses as outputs ``(k, 1)`` for the Gram engine."""
     return _per_sample_losses(loss_fn, model, batch, batch_size(batch)).unsqueeze(1)
@@ -29,7 +33,7 @@ def _per_sample_losses(loss_fn: LossFn, model: nn.Module, batch: Batch, k: int) 
     losses = loss_fn(model, batch)
     if not isinstance(losses, Tensor) or losses.shape != (k,):
         got = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
-        raise ValueError(
+        raise LossShapeError(
             f"loss_fn must return one loss per sample (shape ({k},) for a batch of {k}; no mean/sum reduction),"
             f" got {got}"
         )
@@ -61,10 +65,13 @@ def gradient_covariance(
     its diagonal entry is 1, so the matrix stays symmetric with a unit diagonal and never holds NaN.
     """
     k = batch_size(batch)
-    with torch.no_grad():  # check the loss's shape on the whole batch, so an error names the caller's batch size
-        _per_sample_losses(loss_fn, model, batch, k)
-    gram = jacobian_gram(lambda b: loss_outputs(loss_fn, model, b), model, batch, params=params, output="trace",
-                         implementation=implementation)
+    try:
+        gram = jacobian_gram(lambda b: loss_outputs(loss_fn, model, b), model, batch, params=params, output="trace",
+                             implementation=implementation)
+    except LossShapeError:  # raised on a dry run's sample: name the caller's batch instead
+        with torch.no_grad():
+            _per_sample_losses(loss_fn, model, batch, k)
+        raise
     if not normalize:
         return gram
     norms = gram.diagonal().clamp_min(0).sqrt()

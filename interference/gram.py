@@ -110,6 +110,14 @@ def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[st
     return chosen
 
 
+def _promoted(selected: dict[str, nn.Parameter]) -> torch.dtype:
+    """The kernel's dtype: the selected parameters' dtypes promoted (float64 if any is float64)."""
+    dtype = next(iter(selected.values())).dtype
+    for p in selected.values():
+        dtype = torch.promote_types(dtype, p.dtype)
+    return dtype
+
+
 def check_per_sample_modes(model: nn.Module) -> None:
     """Refuse modules whose training mode makes per-sample Jacobians undefined (BatchNorm) or random (Dropout)."""
     for name, mod in model.named_modules():
@@ -167,7 +175,7 @@ def _output_grads(out: Tensor, probes: list[Tensor]) -> list[Tensor | None]:
     if o > 1:
         try:
             return list(torch.autograd.grad(out, probes, grad_outputs=cotangents, is_grads_batched=True,
-                                            allow_unused=True, retain_graph=True))
+                                            allow_unused=True, retain_graph=True))  # kept for the fallback
         except RuntimeError:  # a backward formula vmap cannot batch (e.g. a recurrent layer): one pass per output
             pass
     per_output = [torch.autograd.grad(out, probes, grad_outputs=cotangents[i], allow_unused=True, retain_graph=True)
@@ -175,25 +183,41 @@ def _output_grads(out: Tensor, probes: list[Tensor]) -> list[Tensor | None]:
     return [None if g[0] is None else torch.stack(g) for g in zip(*per_output)]
 
 
-def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, probes: list[Tensor],
-                 tol: float) -> list[Tensor | None] | None:
-    """Check a block against single samples; return the gradients at ``probes`` of sample 0's outputs (weighted by
-    ``w``) for :func:`_check_first_row`. Raises :class:`NotPerSample`.
+def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, plan: Plan, used: list[nn.Module],
+                 origin: tuple[int, int]) -> list[Tensor | None] | None:
+    """Check a block of ``n`` samples (starting at ``origin`` = (batch 0 or 1, index)) against single samples;
+    raises :class:`NotPerSample`.
 
-    Rows 0, n/2 and n-1 of the outputs must equal those samples' outputs alone (catches branches on one sample's
-    values and batch-size tests that the two-sample dry runs cannot see)."""
-    n = out.shape[0]
-    with torch.no_grad():
-        for r in sorted({0, n // 2, n - 1}) if n > 1 else []:
-            alone = fn(_slice(batch, r, r + 1))
-            if not _close_rows(out[r:r + 1].detach(), alone, tol):
-                raise NotPerSample(f"the model's output for sample {r} of a block of {n} differs from its output for"
-                                   " that sample alone")
-    if n == 1 or not out.requires_grad:
+    Rows 0, n-1 and one more (a dry-run sample's, else n/2) of the outputs must equal those samples' outputs alone
+    (catches branches on one sample's values and batch-size tests the two-sample dry runs cannot see). Returns the
+    gradients of sample 0's outputs alone (weighted by :func:`_weights`) at the ``used`` modules' outputs, for
+    :func:`_check_first_row`."""
+    n, tol = out.shape[0], plan.tolerance
+    if n == 1:
         return None
-    cot = torch.zeros_like(out)
-    cot[0] = _weights(out)
-    return list(torch.autograd.grad(out, probes, cot, retain_graph=True, allow_unused=True))
+    which, start = origin
+    known = {i - start: o for (w, i), o in plan.known.items() if w == which and start <= i < start + n}
+    rows = {0, n - 1} | set(known)
+    rows |= {n // 2} if len(rows) < 3 else set()
+    first = [plan.first_grads.get(m) for m in used] if origin == (0, 0) and plan.first_grads else None
+    for r in sorted(rows):
+        if r in known and (r != 0 or first is not None):
+            alone = known[r]
+        elif r == 0:
+            with torch.enable_grad(), _capture(plan) as records:
+                alone = fn(_slice(batch, 0, 1))
+            if any(len(records[m]) != 1 for m in used):
+                raise NotPerSample("a layer ran a different number of times for sample 0 alone than in its block")
+            if alone.requires_grad:
+                cot = _weights(alone).unsqueeze(0)
+                first = list(torch.autograd.grad(alone, [records[m][0][1] for m in used], cot, allow_unused=True))
+        else:
+            with torch.no_grad():
+                alone = fn(_slice(batch, r, r + 1))
+        if not _close_rows(out[r:r + 1].detach(), alone.detach(), tol):
+            raise NotPerSample(f"the model's output for sample {r} of a block of {n} differs from its output for that"
+                               " sample alone")
+    return first
 
 
 def _weights(out: Tensor) -> Tensor:
@@ -201,19 +225,21 @@ def _weights(out: Tensor) -> Tensor:
 
 
 def _check_first_row(first: list[Tensor | None] | None, grads: list[Tensor | None], out: Tensor, tol: float) -> None:
-    """Sample 0's own gradient at each probe (``first``) must be zero off row 0 and equal, on row 0, to the weighted
-    sum of the batched gradients' row 0 (no mixing after a layer, no backward hook that is not linear)."""
+    """Sample 0's gradient alone at each layer's output (``first``) must equal row 0 of the block's gradients summed
+    over outputs with the same weights (no mixing after a layer, no backward hook that is not linear)."""
     if first is None:
         return
     w = _weights(out)
     for g1, g in zip(first, grads):
-        if g1 is None or g is None:
+        if g1 is None and g is None:
             continue
-        scale = max(float(g1[0].abs().max()), float(g[:, 0].abs().max()), 1e-300)
-        if float(g1[1:].abs().max()) > tol * scale or \
-                float((torch.tensordot(w.to(g.dtype), g[:, 0], dims=1) - g1[0]).abs().max()) > tol * scale:
-            raise NotPerSample("the gradient of sample 0's outputs in a block differs from its gradient alone (samples"
-                               " mixed after a layer, or a backward hook that is not linear)")
+        if g1 is None or g is None:
+            raise NotPerSample("a layer influences sample 0's outputs in its block but not alone, or the reverse")
+        row = torch.tensordot(w.to(g.dtype), g[:, 0], dims=1)
+        scale = max(float(g1.abs().max()), float(row.abs().max()), 1e-300)
+        if float((row - g1[0]).abs().max()) > tol * scale:
+            raise NotPerSample("the gradient of sample 0's outputs at a layer differs in its block from alone (samples"
+                               " mixed after the layer, or a backward hook that is not linear)")
 
 
 def _close_rows(a: Tensor, b: Tensor, tol: float) -> bool:
@@ -225,8 +251,10 @@ def _close_rows(a: Tensor, b: Tensor, tol: float) -> bool:
     return float((a - b).abs().max()) <= tol * max(scale, 1e-300) if a.numel() else True
 
 
-def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan) -> tuple[list[Factor], Tensor]:
-    """Per-layer factors for one block of samples, and the outputs ``(n, O)``."""
+def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,
+                       origin: tuple[int, int]) -> tuple[list[Factor], Tensor]:
+    """Per-layer factors for one block of samples (starting at ``origin``: batch 0 or 1, index), and the outputs
+    ``(n, O)``."""
     with torch.enable_grad(), _capture(plan) as records:
         out = fn(batch)
     n = out.shape[0]
@@ -238,7 +266,7 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan) 
     if not used:
         return [], out.detach()
     probes = [probe for _, (_, probe, _) in used]
-    first = _check_block(fn, batch, out, probes, plan.tolerance)
+    first = _check_block(fn, batch, out, plan, [m for m, _ in used], origin)
     grads = _output_grads(out, probes)
     _check_first_row(first, grads, out, plan.tolerance)
     changed = [type(m).__name__ for m, (inp, _, version) in used if inp._version != version]
@@ -288,10 +316,12 @@ def _warn_fallback(plan: Plan) -> None:
                   stacklevel=4)
 
 
-def _block_kernel(fn, model, plan: Plan, b1: Batch, b2: Batch | None, output: str) -> Tensor:
-    """The kernel between two blocks of samples (``b2=None``: the block with itself), in the output layout."""
-    f1, out1 = _layerwise_factors(fn, b1, plan)
-    f2, out2 = (f1, out1) if b2 is None else _layerwise_factors(fn, b2, plan)
+def _block_kernel(fn, model, plan: Plan, b1: Batch, b2: Batch | None, output: str,
+                  origins: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (1, 0))) -> Tensor:
+    """The kernel between two blocks of samples (``b2=None``: the block with itself), in the output layout;
+    ``origins``: where each block starts (batch 0 or 1, index)."""
+    f1, out1 = _layerwise_factors(fn, b1, plan, origins[0])
+    f2, out2 = (f1, out1) if b2 is None else _layerwise_factors(fn, b2, plan, origins[1])
     if plan.exact:
         f1 = f1 + [_exact_factor(fn, model, plan, b1)]
         f2 = f1 if b2 is None else f2 + [_exact_factor(fn, model, plan, b2)]
@@ -355,7 +385,7 @@ def plan_for(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, batc
     check_per_sample_modes(model)
     with quiet_functorch():
         plan = make_plan(fn, model, selected, batch, batch2, implementation)
-    plan.selected, plan.dtype = selected, next(iter(selected.values())).dtype
+    plan.selected, plan.dtype = selected, _promoted(selected)
     if implementation == "layerwise" and plan.exact:
         reasons = "; ".join(f"{k}: {plan.paths[k].reason}" for k in plan.exact)
         raise ValueError(f"implementation='layerwise' does not cover parameters {plan.exact} ({reasons});"
@@ -402,7 +432,7 @@ def jacobian_gram(
     selected = select_parameters(model, params)
     with quiet_functorch():
         plan = make_plan(fn, model, selected, batch, batch2, implementation, rules=False)
-    plan.selected, plan.dtype = selected, next(iter(selected.values())).dtype
+    plan.selected, plan.dtype = selected, _promoted(selected)
     return _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
 
 
@@ -454,14 +484,15 @@ def _blocks(fn, model, plan: Plan, batch: Batch, batch2: Batch | None, output: s
             o: int, probe: Tensor) -> Tensor:
     """The kernel over blocks of ``chunk`` samples."""
     if chunk >= max(n, m):
-        return _block_kernel(fn, model, plan, batch, batch2, output)
+        return _block_kernel(fn, model, plan, batch, batch2, output, ((0, 0), (0 if batch2 is None else 1, 0)))
     other = batch if batch2 is None else batch2
     shape = (n, m) + {"full": (o, o), "diagonal": (o,), "trace": ()}[output]
-    result = torch.empty(shape, dtype=probe.dtype, device=probe.device)
+    result = torch.empty(shape, dtype=plan.dtype, device=probe.device)
     for i in range(0, n, chunk):
         b1 = _slice(batch, i, i + chunk)
         for j in range(0, m, chunk):
             b2 = _slice(other, j, j + chunk)
             same = batch2 is None and i == j
-            result[i:i + chunk, j:j + chunk] = _block_kernel(fn, model, plan, b1, None if same else b2, output)
+            result[i:i + chunk, j:j + chunk] = _block_kernel(fn, model, plan, b1, None if same else b2, output,
+                                                             ((0, i), (0 if batch2 is None else 1, j)))
     return result

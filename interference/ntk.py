@@ -57,8 +57,10 @@ def ntk(
         chunk_size: block size over ``x``/``xt``; ``None`` picks the largest that fits ``max_memory`` bytes
             (default 80% of free device memory). An estimate above the budget raises ``MemoryError``.
 
-    The kernel has the dtype and device of the model's parameters; the model's train/eval mode is used as is
-    (call ``model.eval()`` for deterministic kernels with dropout).
+    The kernel has the device of the model's parameters and their dtype (promoted over the selected ones: float64 if
+    any is). Dropout and BatchNorm in training mode are refused (call ``model.eval()``). Besides the dry runs of
+    :func:`explain`, every block is checked against single-sample runs; a block that fails (the model treats larger
+    batches differently) sends every parameter to the exact path with a warning.
     """
     return jacobian_gram(lambda b: model_outputs(model, b), model, x, xt, params=params, output=output,
                          implementation=implementation, chunk_size=chunk_size, max_memory=max_memory)
@@ -77,7 +79,8 @@ def explain(
 
     ``plan.paths[name]`` has ``path`` (``"rule"``, ``"func"`` or ``"loop"``), ``rule`` (the module type whose rule
     covers it) and ``reason``; ``print(plan)`` shows a table. Runs the same dry runs as the computation, on one or
-    two samples.
+    two samples. The computation also checks each block it computes and, if one fails (a model that treats larger
+    batches differently), puts every parameter on the exact path with a warning: ``explain`` cannot foresee that.
     """
     if loss_fn is None:
         return plan_for(lambda b: model_outputs(model, b), model, x, xt, params=params, implementation=implementation)

@@ -83,6 +83,8 @@ class Plan:
     implementation: str = "auto"
     tolerance: float = 0.0  # relative tolerance of value comparisons (sqrt(eps) of the least precise dtype)
     selected: dict[str, nn.Parameter] = field(default_factory=dict)
+    known: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # (batch 0/1, index) -> that sample's outputs
+    first_grads: dict[nn.Module, Tensor | None] = field(default_factory=dict)  # s0's weighted gradients per layer
     dtype: torch.dtype = torch.float32  # the kernel's: the selected parameters'
 
     def __str__(self) -> str:
@@ -175,28 +177,33 @@ def _run(fn: Callable[[Batch], Tensor], batch: Batch, mods: list[nn.Module], gra
     return out, calls
 
 
-def distinct_sample(batch: Batch, batch2: Batch | None) -> Batch | None:
-    """The sample of ``batch`` and ``batch2`` that differs from ``batch``'s first in the most entries (bitwise), then
-    by the largest relative distance, as a 1-sample batch; ``None`` if every sample equals the first."""
+def distinct_sample(batch: Batch, batch2: Batch | None, limit: int | None = 16) -> tuple[Batch, int, int] | None:
+    """The sample among the first 16 of ``batch`` and of ``batch2`` that differs from ``batch``'s first in the most
+    batch entries (bitwise), then by the largest relative distance: ``(1-sample batch, 0 or 1 for batch or batch2,
+    index)``; ``None`` if all those samples equal the first (then every later one is looked at too)."""
     ref = [t[:1].detach() for t in pytree.tree_leaves(batch)]
     best, best_score = None, 0.0
-    for b in (batch, batch2):
+    for which, b in enumerate((batch, batch2)):
         if b is None:
             continue
-        leaves = [t.detach() for t in pytree.tree_leaves(b)]
+        leaves = [t.detach()[:limit] for t in pytree.tree_leaves(b)]
         n = leaves[0].shape[0]
         score = torch.zeros(n, dtype=torch.float64, device=leaves[0].device)
         for t, r in zip(leaves, ref):
-            differs = t != r
-            if t.is_floating_point():
-                differs |= torch.signbit(t) != torch.signbit(r)
-                d = ((t - r).double().nan_to_num(1.0, 1.0, 1.0) ** 2).reshape(n, -1).sum(1)
-                score += d / (d + (r.double().nan_to_num() ** 2).sum() + 1e-300)  # in [0, 1)
-            score += 2.0 * differs.reshape(n, -1).any(1)
+            if t.is_floating_point():  # distance, and bitwise where it is 0 (so -0.0 differs from 0.0)
+                d = torch.linalg.vector_norm((t - r).reshape(n, -1), dim=1).double().nan_to_num(1.0, 1.0, 1.0)
+                differs = d > 0
+                if not bool(differs.all()):
+                    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+                    differs |= (t.view(bits) != r.view(bits)).reshape(n, -1).any(1)
+                score += d.square() / (d.square() + float(r.double().nan_to_num().square().sum()) + 1e-300)
+            else:
+                differs = (t != r).reshape(n, -1).any(1)
+            score += 2.0 * differs
         i = int(score.argmax())
         if float(score[i]) > best_score:
-            best, best_score = pytree.tree_map(lambda t: t[i:i + 1], b), float(score[i])
-    return best
+            best, best_score = (pytree.tree_map(lambda t: t[i:i + 1], b), which, i), float(score[i])
+    return best if best is not None or limit is None else distinct_sample(batch, batch2, None)
 
 
 def _cat(a: Batch, b: Batch) -> Batch:
@@ -307,7 +314,8 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
     every parameter on the exact path (the engine's answer to a block that failed its checks)."""
     plan = Plan(implementation=implementation)
     one = pytree.tree_map(lambda t: t[:1], batch)
-    other = distinct_sample(batch, batch2)
+    found = distinct_sample(batch, batch2)
+    other = None if found is None else found[0]
     plan.identical_samples = other is None
     tol = tolerance(model, batch)
     exact_reason = {"func": "implementation='func'", "loop": "implementation='loop'"}.get(implementation)
@@ -350,7 +358,8 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         p.requires_grad_(True)
     try:
         mods = list(claims)
-        out_a, calls_a = _run(fn, one, mods, grad=True)
+        probes_a: dict[nn.Module, list[Tensor]] = {}
+        out_a, calls_a = _run(fn, one, mods, grad=True, probes=probes_a)
         plan.outputs = out_a.shape[1]
         cuts = {}
         for mod in mods:
@@ -378,6 +387,12 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
             if not _close(out_ab, out_a, tol):
                 _raise_random()
         hidden = hidden_uses(out_a, out_ab)
+        plan.known[(0, 0)] = out_a.detach()
+        used = [m for m in claims if len(probes_a.get(m, ())) == 1]  # s0 alone: gradients at each layer on a rule
+        if out_a.requires_grad and used:
+            cot = torch.linspace(1.0, 2.0, out_a.shape[1], dtype=out_a.dtype, device=out_a.device).unsqueeze(0)
+            grads = torch.autograd.grad(out_a, [probes_a[m][0] for m in used], cot, allow_unused=True)
+            plan.first_grads = dict(zip(used, grads))
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -395,6 +410,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         with torch.no_grad():
             out_b, calls_b = _run(fn, other, mods, grad=False)
             out_ba, calls_ba = _run(fn, _cat(other, one), mods, grad=False)
+        plan.known[found[1:]] = out_b
         outputs_ok = _rows_ok(out_ab, out_a, out_b, tol) and _rows_ok(out_ba, out_b, out_a, tol)
         if not outputs_ok:
             with torch.no_grad():

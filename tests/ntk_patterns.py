@@ -117,6 +117,11 @@ class Pattern:
     ``__init__``), which ``torch.func.functional_call`` cannot swap.
     ``loss``: per-sample loss for gradient_covariance / per_sample_grads (``None``: not tested);
     ``loss_rule``: what is on a rule under ``explain(..., loss_fn=loss)`` when it differs from ``rule``.
+    ``fallback_warns``: the model is not a per-sample function of its batch in a way the dry runs (one or two
+    samples) cannot see (it branches on the batch's values or size); ``auto`` must still be exact and may warn once
+    that it falls back to the exact path, and ``layerwise`` may refuse with a RuntimeError suggesting ``auto``.
+    ``zero_kernel``: the output does not depend on the parameters through autograd (detached, or made under
+    ``no_grad``): the reference kernel is zero, and the harness checks it is (instead of that it is not).
     """
 
     name: str
@@ -129,6 +134,8 @@ class Pattern:
     hidden_use: bool = False
     loss: LossFn | None = default_loss
     loss_rule: Any = None
+    fallback_warns: bool = False
+    zero_kernel: bool = False
     n: int = 3
     m: int = 2
     tags: tuple[str, ...] = ()
@@ -219,6 +226,8 @@ def _requiring_grad(params: list[nn.Parameter]) -> Iterator[None]:
 
 
 def _flat_grad(value: Tensor, params: list[Tensor]) -> Tensor:
+    if not value.requires_grad:  # a detached output, or one made under no_grad: no parameter reaches it
+        return torch.cat([torch.zeros(q.numel(), dtype=q.dtype) for q in params])
     grads = torch.autograd.grad(value, params, retain_graph=True, allow_unused=True)
     return torch.cat([torch.zeros(q.numel(), dtype=q.dtype) if g is None else g.reshape(-1)
                       for g, q in zip(grads, params)])
@@ -1058,6 +1067,247 @@ def frozen_elephant_params() -> nn.Module:
     return net
 
 
+# -- regression cases found in review: tensor attributes, signed zeros, what the dry runs cannot see, hooks
+class AttrTieForward(nn.Module):
+    """``b.weight`` is no Parameter: a plain tensor attribute set in ``forward`` from ``a.weight``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 4)
+        self.b = nn.Linear(4, 2)
+        del self.b.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.a.weight
+        self.b.weight = w[:2, :3] @ torch.ones(3, 4, dtype=w.dtype) * 0.5
+        return self.b(torch.tanh(self.a(x)))
+
+
+class AttrTieInitView(nn.Module):
+    """``b.weight`` is a plain tensor attribute: a view of ``a.weight`` made in ``__init__``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+        del self.b.weight
+        self.b.weight = self.a.weight[:2]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+class SignedZero(nn.Module):
+    """``atan2(x, -1)`` is ``pi`` at ``+0`` and ``-pi`` at ``-0``: samples that differ only by the sign of zero have
+    different outputs (and Jacobians)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(1, 3)
+        self.l2 = nn.Linear(3, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l2(torch.tanh(self.l1(torch.atan2(x, -torch.ones_like(x)))))
+
+
+def signed_zeros(n: int, seed: int) -> Tensor:
+    """``(n, 1)`` zeros of alternating sign; odd seeds start with ``+0``, even ones with ``-0``."""
+    return torch.tensor([[0.0 if (i + seed) % 2 else -0.0] for i in range(n)], dtype=torch.float64)
+
+
+class BatchMaxNormalize(nn.Module):
+    """Raw-pixel detection on the whole batch: divide by 255 if ``x.max() > 1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(3, 4)
+        self.l2 = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.max() > 1.0:
+            x = x / 255.0
+        return self.l2(torch.tanh(self.l1(x)))
+
+
+def bright_dark(n: int, seed: int) -> Tensor:
+    """``(n, 3)``: samples 0, 1 (mod 3) bright (raw pixels up to 255), sample 2 (mod 3) dark (below 1)."""
+    u = torch.rand(n, 3, generator=_gen(seed), dtype=torch.float64)
+    dark = torch.tensor([i % 3 == 2 for i in range(n)])[:, None]
+    return torch.where(dark, 0.05 + 0.9 * u, 2.0 + 250.0 * u)
+
+
+class MixIfBig(nn.Module):
+    """Centers the hidden layer over the batch, but only in batches of more than two samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(3, 4)
+        self.l2 = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.l1(x))
+        if x.shape[0] > 2:
+            h = h - h.mean(0)
+        return self.l2(h)
+
+
+class FirstRowBranch(nn.Module):
+    """Branches on sample 0's first feature: ``a(x)`` or ``b(x)`` for the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.b = nn.Linear(2, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.a(x) if bool(x[0, 0] > 0) else self.b(x)
+
+
+def first_positive(n: int, seed: int) -> Tensor:
+    """``(n, 2)``: the first feature positive, except for samples 2 (mod 3)."""
+    x = torch.randn(n, 2, generator=_gen(seed), dtype=torch.float64)
+    sign = torch.tensor([-1.0 if i % 3 == 2 else 1.0 for i in range(n)], dtype=torch.float64)
+    x[:, 0] = sign * (0.2 + x[:, 0].abs())
+    return x
+
+
+class CenterAction(nn.Module):
+    """``center-input`` on ``(obs, action)`` batches; the output is the Q value of the action."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(3, 4)
+        self.l2 = nn.Linear(4, 2)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        obs, act = batch
+        q = self.l2(torch.tanh(self.l1(obs - obs.mean(0, keepdim=True))))
+        return q.gather(1, act[:, None])
+
+
+def same_obs_other_action(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Sample 1 has sample 0's observation and another action."""
+    obs = torch.randn(n, 3, generator=_gen(seed), dtype=torch.float64)
+    if n > 1:
+        obs[1] = obs[0]
+    return obs, torch.tensor([i % 2 for i in range(n)])
+
+
+def near_duplicate(n: int, seed: int) -> Tensor:
+    """Sample 1 is sample 0 plus ``1e-12``."""
+    x = torch.randn(n, 4, generator=_gen(seed), dtype=torch.float64)
+    if n > 1:
+        x[1] = x[0] + 1e-12
+    return x
+
+
+class CenterInputNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 4)
+        self.l2 = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l2(torch.tanh(self.l1(x - x.mean(0, keepdim=True))))
+
+
+class GradClipHook(nn.Module):
+    """A tensor hook in ``forward`` that clips the norm of the hidden activation's gradient to ``c``: the backward
+    is not linear in the cotangent (per sample alone it clips by that sample's norm)."""
+
+    def __init__(self, c: float = 0.5) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(3, 4)
+        self.l2 = nn.Linear(4, 2)
+        self.c = c
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.l1(x))
+        if h.requires_grad:
+            h.register_hook(lambda g: g * (self.c / g.norm()).clamp(max=1.0))
+        return self.l2(h)
+
+
+class InitViewLate(nn.Module):
+    """A view of ``l1.weight[0, 0]`` made in ``__init__``, used through a ReLU inactive when ``x[:, 0] < 0``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(2, 3)
+        self.l2 = nn.Linear(3, 1)
+        with torch.no_grad():
+            self.l1.weight[0, 0] = 0.7
+        self.w00 = self.l1.weight[0, 0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l2(torch.tanh(self.l1(x))) + torch.relu(x[:, :1] * self.w00)
+
+
+def late_positive(n: int, seed: int) -> Tensor:
+    """``(n, 2)``: the first feature negative for samples 0 and 1, positive from sample 2 on."""
+    x = torch.randn(n, 2, generator=_gen(seed), dtype=torch.float64)
+    sign = torch.tensor([-1.0 if i < 2 else 1.0 for i in range(n)], dtype=torch.float64)
+    x[:, 0] = sign * (0.3 + x[:, 0].abs())
+    return x
+
+
+class UnbatchedConvLoop(nn.Module):
+    """A per-sample loop of unbatched ``Conv2d`` calls on ``(1, 4, 4)`` inputs (a leading dimension of 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 2)
+        self.head = nn.Linear(9, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.stack([self.conv(xi) for xi in x])
+        return self.head(torch.tanh(h).flatten(1))
+
+
+class UnbatchedLinearLoop(nn.Module):
+    """A per-sample loop of unbatched ``Linear`` calls on ``(1,)`` inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(1, 1)
+        self.head = nn.Linear(1, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(torch.stack([self.l(xi) for xi in x])))
+
+
+class DetachedOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l(x).detach()
+
+
+class NoGradForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            a = torch.tanh(self.l(x))
+        return a * 2
+
+
+class PartlyDetached(nn.Module):
+    """Output 0 depends on the parameters, output 1 is detached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.l(x)
+        return torch.stack([y[:, 0], y[:, 1].detach()], 1)
+
+
 # =============================================================================================== registry
 R = register
 
@@ -1215,3 +1465,46 @@ R("params-subset-mixed-paths", LinBN, vec(4), params=["bn.weight", "l2.weight"],
 R("params-select-frozen", frozen_mlp, vec(4), params=["0.weight", "2.bias"], tags=["params"],
   note="explicitly selects a parameter with requires_grad=False")
 R("params-bias-of-tied", WeightInOutput, vec(4), params=["l1.bias"], tags=["params", "tying"])
+
+# -- regression cases found in review
+R("tensor-attr-tie-forward", AttrTieForward, vec(3), rule=["a.bias", "b.bias"], tags=["tying"],
+  note="b.weight is a plain tensor set in forward from a.weight: a.weight is used outside its module's call")
+R("tensor-attr-tie-init-view", AttrTieInitView, vec(4), rule=["a.bias", "b.bias"], hidden_use=True, tags=["tying"],
+  note="b.weight is a plain tensor attribute, a view of a.weight made in __init__ (functional_call cannot swap it)")
+R("signed-zero-samples", SignedZero, signed_zeros, tags=["samples"],
+  note="samples that differ only by the sign of zero (atan2 tells them apart) are not identical samples")
+R("signed-zero-x-vs-xt", SignedZero, signed_zeros, n=1, m=1, tags=["samples"],
+  note="x = [+0] and xt = [-0]: x and xt differ only by the sign of zero")
+R("batch-max-normalize", BatchMaxNormalize, bright_dark, rule=[], maybe_rule=["l1", "l2"], vmap_fails=True,
+  fallback_warns=True, tags=["mixing", "vmap"],
+  note="divides the batch by 255 if its max is > 1: sample 2 is dark, so alone it is not divided; the dry runs"
+       " (samples 0 and 1) cannot see it")
+R("mix-only-if-batch-gt-2", MixIfBig, vec(3), rule=[], maybe_rule=["l1", "l2"], fallback_warns=True,
+  tags=["mixing"], note="centers over the batch only in batches of more than 2: the dry runs (1 and 2 samples)"
+                        " cannot see it")
+R("branch-on-first-row", FirstRowBranch, first_positive, rule=[], maybe_rule=["a", "b"], vmap_fails=True,
+  fallback_warns=True, tags=["mixing", "vmap"],
+  note="branches on sample 0's values: samples 0 and 1 agree, sample 2 alone takes the other branch")
+R("center-input-same-obs-other-action", CenterAction, same_obs_other_action, rule=[], tags=["mixing", "pytree"],
+  note="centers over the batch; sample 1 has sample 0's observation but another action (the pair the dry runs"
+       " compare must show the mixing)")
+R("center-input-near-duplicate", CenterInputNet, near_duplicate, rule=[], tags=["mixing"],
+  note="centers over the batch; sample 1 is sample 0 + 1e-12 (below any value tolerance)")
+R("grad-norm-clip-hook", GradClipHook, vec(3), rule=["l2"], tags=["hooks"],
+  note="a tensor hook in forward clips the hidden gradient's norm: the backward is not linear in the cotangent,"
+       " so l1 must not be on a rule")
+R("view-in-init-late-samples", InitViewLate, late_positive, rule=["l1.bias", "l2"], hidden_use=True, n=4,
+  tags=["tying"], note="a view of l1.weight made in __init__ reaches the output only for samples 2 and 3 (a ReLU"
+                       " inactive on samples 0 and 1)")
+R("unbatched-conv-loop", UnbatchedConvLoop, shaped(1, 4, 4), rule=["head"], n=1, m=3, tags=["conv", "samples"],
+  note="a per-sample loop of unbatched Conv2d calls (input (1, 4, 4)); n=1 and identical samples make no pair run")
+R("unbatched-conv-loop-bias", UnbatchedConvLoop, shaped(1, 4, 4), params=["conv.bias"], rule=[], n=1,
+  tags=["conv", "samples", "params"], note="the same, differentiating conv.bias only")
+R("unbatched-linear-loop", UnbatchedLinearLoop, vec(1), rule=["head"], n=1, tags=["samples"],
+  note="a per-sample loop of unbatched Linear calls on (1,) inputs")
+R("detached-output", DetachedOutput, vec(3), rule=[], maybe_rule=["l"], loss=None, zero_kernel=True,
+  tags=["output"], note="the output is detached: the kernel is zero")
+R("nograd-forward", NoGradForward, vec(3), rule=[], maybe_rule=["l"], loss=None, zero_kernel=True,
+  tags=["output"], note="the whole forward runs under no_grad: the kernel is zero")
+R("partly-detached-output", PartlyDetached, vec(3), tags=["output"],
+  note="output 1 is detached: its rows of the kernel are zero")

@@ -2,7 +2,8 @@
 independent per-sample autograd reference on every pattern of :mod:`ntk_patterns`.
 
 For each pattern and implementation the result equals the reference to 1e-10 (relative, max norm) or the call
-raises its documented error: ``layerwise`` a ValueError "does not cover" when a selected parameter is not on a rule;
+raises its documented error: ``layerwise`` a ValueError "does not cover" when a selected parameter is not on a rule
+(or, on a model that is not a per-sample function beyond what the dry runs see, a RuntimeError suggesting ``auto``);
 ``func`` a RuntimeError naming vmap when ``torch.func.vmap`` cannot run the model. ``auto`` and ``loop`` never raise.
 The reference is computed once per pattern (cached); ``auto`` gets every combination (outputs, x != xt, xt=None,
 chunked and unchunked), the other implementations a few.
@@ -10,6 +11,7 @@ chunked and unchunked), the other implementations a few.
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 import interference
 import ntk_patterns as P
@@ -75,6 +78,12 @@ def vmap_warnings(records: list[warnings.WarningMessage]) -> list[str]:
             and "There is a performance drop" not in str(w.message)]
 
 
+def per_sample_warnings(records: list[warnings.WarningMessage]) -> list[str]:
+    """The engine's warnings that a block was not a per-sample function of its samples (beyond the dry runs)."""
+    return [str(w.message) for w in records
+            if issubclass(w.category, UserWarning) and "not a per-sample function" in str(w.message)]
+
+
 def run(fn, *args, **kwargs):
     """Call ``fn`` recording warnings (so the test output stays clean); returns (result, records)."""
     with warnings.catch_warnings(record=True) as records:
@@ -121,8 +130,11 @@ def expect_raise(p: P.Pattern, impl: str, must: set[str], maybe: set[str], names
     return True if uncovered - maybe else None
 
 
-def check_error(err: Exception, impl: str, name: str) -> None:
+def check_error(err: Exception, impl: str, name: str, p: P.Pattern | None = None) -> None:
     if impl == "layerwise":
+        if p is not None and p.fallback_warns and isinstance(err, RuntimeError):
+            assert "implementation='layerwise'" in str(err) and "'auto'" in str(err), f"{name}: layerwise raised {err!r}"
+            return
         assert isinstance(err, ValueError) and "does not cover" in str(err), f"{name}: layerwise raised {err!r}"
     elif impl == "func":
         assert isinstance(err, RuntimeError) and "vmap" in str(err), f"{name}: func raised {err!r}"
@@ -134,6 +146,18 @@ def check_error(err: Exception, impl: str, name: str) -> None:
 def max_fallback_warnings(p: P.Pattern) -> int:
     """``auto`` may warn once when it falls back from vmap to the loop, and only then."""
     return 0 if func_refuses(p) is False else 1
+
+
+def max_per_sample_warnings(p: P.Pattern) -> int:
+    """``auto`` may warn once that the model is not per-sample beyond the dry runs (``fallback_warns``), and only
+    then."""
+    return 1 if p.fallback_warns else 0
+
+
+def check_auto_warnings(p: P.Pattern, records: list[warnings.WarningMessage], what: str) -> None:
+    falls, mixes = vmap_warnings(records), per_sample_warnings(records)
+    assert len(falls) <= max_fallback_warnings(p), f"{what}: warnings {falls}"
+    assert len(mixes) <= max_per_sample_warnings(p), f"{what}: warnings {mixes}"
 
 
 def exact_paths(p: P.Pattern) -> set[str]:
@@ -170,7 +194,10 @@ def test_reference_is_self_consistent(name):
     pattern's vmap_fails flag is what torch.func actually does."""
     c = case(name)
     model = P.build_model(c.p)
-    assert c.k_xxt.abs().max() > 0, "reference kernel is zero: the pattern tests nothing"
+    if c.p.zero_kernel:
+        assert c.k_xxt.abs().max() == 0 and c.k_xx.abs().max() == 0, "zero_kernel, but the reference is not zero"
+    else:
+        assert c.k_xxt.abs().max() > 0, "reference kernel is zero: the pattern tests nothing"
     if not c.p.hidden_use:
         j = P.functional_jacobian(P.model_fn(model), model, c.x, c.names)
         jt = P.functional_jacobian(P.model_fn(model), model, c.xt, c.names)
@@ -210,8 +237,7 @@ def test_auto_all_combinations(name):
         args = (model, c.x, c.xt) if with_xt else (model, c.x)
         got, records = run(interference.ntk, *args, output=output, chunk_size=chunk, **kw)
         assert_close(got, reduce(c.k_xxt if with_xt else c.k_xx, output), what)
-        falls = vmap_warnings(records)
-        assert len(falls) <= max_fallback_warnings(c.p), f"{what}: warnings {falls}"
+        check_auto_warnings(c.p, records, what)
     assert_unchanged(before, model)
 
 
@@ -231,11 +257,12 @@ def test_other_implementations(name, impl):
             got, records = run(interference.ntk, *args, output=output, chunk_size=chunk, implementation=impl, **kw)
         except Exception as err:  # noqa: BLE001
             assert want_error is not False, f"{what} raised {type(err).__name__}: {err}"
-            check_error(err, impl, what)
+            check_error(err, impl, what, c.p)
             continue
         assert want_error is not True, f"{what} should raise its documented error, returned a kernel"
         assert_close(got, reduce(c.k_xxt if with_xt else c.k_xx, output), what)
         assert not vmap_warnings(records), f"{what}: {vmap_warnings(records)}"
+        assert not per_sample_warnings(records), f"{what}: {per_sample_warnings(records)}"
     assert_unchanged(before, model)
 
 
@@ -309,7 +336,7 @@ def test_gradient_covariance(name):
     cov = gram / norm[:, None] / norm[None, :]
     got, records = run(interference.gradient_covariance, model, c.p.loss, c.x, normalize=False, **kw)
     assert_close(got, gram, "gradient_covariance(auto, normalize=False)")
-    assert len(vmap_warnings(records)) <= max_fallback_warnings(c.p)
+    check_auto_warnings(c.p, records, "gradient_covariance(auto, normalize=False)")
     got, _ = run(interference.gradient_covariance, model, c.p.loss, c.x, **kw)
     assert_close(got, cov, "gradient_covariance(auto)")
     must, maybe = expected_rules(name, loss=True)
@@ -346,7 +373,272 @@ def test_per_sample_grads(name):
         for k in c.names:
             assert_close(got[k], ref[k], f"per_sample_grads({impl})[{k}]")
         if impl == "auto":
-            assert len(vmap_warnings(records)) <= max_fallback_warnings(c.p)
+            check_auto_warnings(c.p, records, f"per_sample_grads({impl})")
+
+
+# ----------------------------------------------------------------------------------------------- beyond the registry
+# Cases that cannot be registry patterns: they change global state (the rule registry, nn.Linear's class forward),
+# raise for every implementation, or are not float64 models.
+def exact_everywhere(model: nn.Module, x: Tensor, xt: Tensor, what: str, impls=("auto", "func", "loop"),
+                     **kw) -> None:
+    names = P.selected_names(model, kw.get("params"))
+    ref = P.reference_ntk(model, x, xt, names)
+    for impl in impls:
+        got, _ = run(interference.ntk, model, x, xt, implementation=impl, **kw)
+        assert_close(got, ref, f"{what}: {impl}")
+
+
+class _Scale(nn.Module):
+    """``y = x * s``: a user's module type, taught to the engine through register_rule."""
+
+    def __init__(self, f: int) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.linspace(0.5, 1.5, f, dtype=torch.float64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.s
+
+
+def _scale_rule(mod, inp, gout, use):
+    return [interference.Factor.dense((gout * inp).reshape(*gout.shape[:2], -1, inp.shape[-1]).sum(2))]
+
+
+def _other_norm(lin: nn.Linear) -> Tensor:
+    return lin.weight.sum(1).tanh()
+
+
+class _ScaleReadsOther(nn.Module):
+    """``y = x * s * tanh(other.weight.sum(1))``: reads another Linear's weight (``other`` is no submodule)."""
+
+    def __init__(self, f: int, other: nn.Linear) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.linspace(0.5, 1.5, f, dtype=torch.float64))
+        self.__dict__["other"] = other
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.s * _other_norm(self.other)
+
+
+def _scale_reads_other_rule(mod, inp, gout, use):
+    """Right for ``s`` (the other weight's factor is a constant to it); says nothing about ``other.weight``."""
+    g = gout * inp * _other_norm(mod.other)
+    return [interference.Factor.dense(g.reshape(*gout.shape[:2], -1, inp.shape[-1]).sum(2))]
+
+
+class _ScaleNet(nn.Module):
+    def __init__(self, scale: type = _Scale) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = nn.Linear(3, 4).double()
+        self.sc = scale(4, self.l) if scale is _ScaleReadsOther else scale(4)
+        self.head = nn.Linear(4, 2).double()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.sc(self.l(x))))
+
+
+def _vec(n: int, seed: int, f: int = 3) -> Tensor:
+    return torch.randn(n, f, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_registered_rule_module_reading_another_weight(monkeypatch):
+    """A registered module that reads another Linear's weight in its forward: its own parameter stays on its rule,
+    the other weight (used outside its module's call) does not, and the kernel is exact."""
+    monkeypatch.setattr(interference.rules, "_RULES", dict(interference.rules._RULES))
+    interference.register_rule(_Scale, _scale_rule, params=("s",))
+    interference.register_rule(_ScaleReadsOther, _scale_reads_other_rule, params=("s",))
+    x, xt = _vec(3, 1), _vec(2, 2)
+
+    plain = _ScaleNet(_Scale)
+    exact_everywhere(plain, x, xt, "user rule (Scale)")
+    plan, _ = run(interference.explain, plain, x, xt)
+    assert {k: v.path for k, v in plan.paths.items()} == dict.fromkeys(P.selected_names(plain, None), "rule")
+    assert plan.paths["sc.s"].rule == "_Scale"
+
+    model = _ScaleNet(_ScaleReadsOther)
+    exact_everywhere(model, x, xt, "user rule reading l.weight")
+    got, records = run(interference.ntk, model, x, xt)
+    assert not vmap_warnings(records) and not per_sample_warnings(records)
+    plan, _ = run(interference.explain, model, x, xt)
+    assert plan.paths["l.weight"].path == "func", f"l.weight: {plan.paths['l.weight']}"
+    assert plan.paths["sc.s"].path == "rule" and plan.paths["sc.s"].rule == "_ScaleReadsOther"
+    assert plan.paths["l.bias"].path == "rule" and plan.paths["head.weight"].path == "rule"
+    g = P.reference_loss_grads(model, P.default_loss, x, P.selected_names(model, None))
+    got, _ = run(interference.gradient_covariance, model, P.default_loss, x, normalize=False)
+    assert_close(got, g @ g.T, "gradient_covariance(auto)")
+
+
+class _BadScale(_Scale):
+    pass
+
+
+def test_registered_rule_returning_bad_factors_names_the_rule(monkeypatch):
+    """A user rule returning a factor of the wrong shape, or a bare tensor, raises a clear error naming the rule's
+    module type (not an error deep in the kernel, not a wrong kernel)."""
+    monkeypatch.setattr(interference.rules, "_RULES", dict(interference.rules._RULES))
+    model = _ScaleNet(_BadScale)
+    x = _vec(3, 1)
+    interference.register_rule(
+        _BadScale, lambda mod, inp, gout, use: [interference.Factor.dense(gout.reshape(gout.shape[0], -1, 1))],
+        params=("s",))
+    for impl in ("auto", "layerwise"):
+        with pytest.raises(ValueError, match=r"rule for _BadScale.*shape"):
+            run(interference.ntk, model, x, implementation=impl)
+    interference.register_rule(_BadScale, lambda mod, inp, gout, use: gout * inp, params=("s",), replace=True)
+    for impl in ("auto", "layerwise"):
+        with pytest.raises(TypeError, match=r"rule for _BadScale.*list of interference.Factor.*Tensor"):
+            run(interference.ntk, model, x, implementation=impl)
+    for impl in ("func", "loop"):  # no rule is used: exact
+        exact_everywhere(model, x, _vec(2, 2), "bad rule unused", impls=(impl,))
+
+
+def test_class_level_patched_linear_forward(monkeypatch):
+    """``nn.Linear.forward`` replaced on the class (as adapter / quantisation libraries do): the modules are still
+    exactly ``nn.Linear``, but the Linear rule was written for the original forward, so no weight is on it."""
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: F.linear(x, self.weight * 2.0, self.bias))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double().eval()
+    x, xt = _vec(3, 1), _vec(2, 2)
+    exact_everywhere(model, x, xt, "patched Linear.forward")
+    plan, _ = run(interference.explain, model, x, xt)
+    check_paths(plan, model, P.selected_names(model, None), set(), set(), {"func"}, "explain(auto)")
+    g = P.reference_loss_grads(model, P.default_loss, x, P.selected_names(model, None))
+    got, _ = run(interference.gradient_covariance, model, P.default_loss, x, normalize=False)
+    assert_close(got, g @ g.T, "gradient_covariance(auto)")
+
+
+class _IntOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(3, 2).double()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l(x).argmax(1, keepdim=True)
+
+
+def test_integer_output_raises_type_error():
+    """An integer output cannot be differentiated: a clear TypeError from every implementation and from explain."""
+    model = _IntOutput().eval()
+    x = _vec(3, 1)
+    for impl in ("auto", "func", "loop", "layerwise"):
+        with pytest.raises(TypeError, match="floating-point"):
+            run(interference.ntk, model, x, implementation=impl)
+    with pytest.raises(TypeError, match="floating-point"):
+        run(interference.explain, model, x)
+
+
+class _Float32Float64Output(nn.Module):
+    """float32 parameters, float64 output (a conv front, then the head's output cast up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 2)
+        self.l = nn.Linear(2 * 3 * 3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.conv.weight.dtype)
+        return self.l(torch.tanh(self.conv(x)).flatten(1)).to(torch.float64)
+
+
+class _Float64Float32Output(nn.Module):
+    """float64 parameters, float32 output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(3, 4)
+        self.l2 = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l2(torch.tanh(self.l1(x.to(self.l1.weight.dtype)))).to(torch.float32)
+
+
+class _Float32Linear3d(nn.Module):
+    """A float32 Linear on ``(N, T, F)`` inputs, float64 output (the dense-factor path of the Linear rule)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l(x.to(self.l.weight.dtype)).to(torch.float64).flatten(1)
+
+
+class _MixedDtypes(nn.Module):
+    """A float32 front inside a float64 model (mixed parameter dtypes); ``seq``: the front on ``(N, 2, F)``."""
+
+    def __init__(self, seq: bool) -> None:
+        super().__init__()
+        self.f = nn.Linear(3, 4)
+        self.h = nn.Linear(4, 2)
+        self.seq = seq
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.f.weight.dtype)
+        if self.seq:
+            x = x.unsqueeze(1).expand(-1, 2, -1)
+        out = self.h(torch.tanh(self.f(x)).to(self.h.weight.dtype))
+        return out.sum(1) if self.seq else out
+
+
+def _float32(module: nn.Module) -> nn.Module:
+    return module.float()
+
+
+DTYPE_CASES = {
+    # name: (build, set the dtypes, input shape)
+    "float32-params-float64-output": (_Float32Float64Output, _float32, (1, 4, 4)),
+    "float64-params-float32-output": (_Float64Float32Output, lambda m: m.double(), (3,)),
+    "float32-linear-3d-float64-output": (_Float32Linear3d, _float32, (2, 3)),
+    "mixed-dtypes-2d": (lambda: _MixedDtypes(False), lambda m: (m.float(), m.h.double())[0], (3,)),
+    "mixed-dtypes-seq": (lambda: _MixedDtypes(True), lambda m: (m.float(), m.h.double())[0], (3,)),
+}
+DTYPE_RTOL = 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(DTYPE_CASES))
+def test_non_float64_models(name):
+    """Models whose parameters or outputs are not all float64: auto/func/loop agree with a float64 reference (the
+    same model in float64) to float32 accuracy, and the kernel has the parameters' dtype."""
+    build, set_dtypes, shape = DTYPE_CASES[name]
+    torch.manual_seed(0)
+    model = set_dtypes(build()).eval()
+    reference = copy.deepcopy(model).double()
+    dtypes = {q.dtype for q in model.parameters()}
+    g = torch.Generator().manual_seed(1)
+    x64, xt64 = torch.randn(3, *shape, generator=g, dtype=torch.float64), torch.randn(2, *shape, generator=g,
+                                                                                    dtype=torch.float64)
+    in_dtype = torch.float64 if dtypes == {torch.float64} else torch.float32
+    x, xt = x64.to(in_dtype), xt64.to(in_dtype)
+    names = P.selected_names(model, None)
+    j1 = P.reference_jacobian(P.model_fn(reference), reference, x.double(), names).double()
+    j2 = P.reference_jacobian(P.model_fn(reference), reference, xt.double(), names).double()
+    ref = P.kernel_from_jacobians(j1, j2, "full")
+    ref_xx = P.kernel_from_jacobians(j1, j1, "full")
+    got_dtypes = set()
+    for impl in ("auto", "func", "loop"):
+        for output, with_xt, chunk in (("full", True, None), ("trace", False, 2)):
+            what = f"{name}: {impl} output={output} xt={'yes' if with_xt else 'None'}"
+            args = (model, x, xt) if with_xt else (model, x)
+            got, records = run(interference.ntk, *args, output=output, chunk_size=chunk, implementation=impl)
+            want = reduce(ref if with_xt else ref_xx, output)
+            assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+            ok, rel = P.close(got.double(), want, DTYPE_RTOL)
+            assert ok, f"{what}: relative error {rel:.2e} > {DTYPE_RTOL:g}"
+            assert not vmap_warnings(records) and not per_sample_warnings(records), what
+            got_dtypes.add(got.dtype)
+    assert len(got_dtypes) == 1, f"{name}: kernel dtypes differ between implementations: {got_dtypes}"
+    (kdtype,) = got_dtypes
+    if len(dtypes) == 1:
+        assert kdtype in dtypes, f"{name}: kernel dtype {kdtype}, parameters {dtypes}"
+    else:  # mixed: the selected parameters' dtypes promoted
+        want = functools.reduce(torch.promote_types, dtypes)
+        assert kdtype == want, f"{name}: kernel dtype {kdtype}, parameters {dtypes}"
+    g_ref = P.reference_loss_grads(reference, P.default_loss, x.double(), names).double()
+    for impl in ("auto", "func", "loop"):
+        got, _ = run(interference.gradient_covariance, model, P.default_loss, x, normalize=False,
+                     implementation=impl)
+        ok, rel = P.close(got.double(), g_ref @ g_ref.T, DTYPE_RTOL)
+        assert ok, f"{name}: gradient_covariance({impl}) relative error {rel:.2e}"
 
 
 # ----------------------------------------------------------------------------------------------- sweep
