@@ -39,6 +39,8 @@ def _short(reason: str) -> str:
     first = reason.split("; ")[0]
     if "torch.func.vmap cannot run" in reason:
         return f"{first}; vmap cannot run it" if not first.startswith("torch.func") else "vmap cannot run it"
+    if "cannot see how" in reason:
+        return f"{first}; functional_call cannot see that use"
     if "torch.func (functional_call + vmap)" in reason:
         return f"{first}; torch.func disagrees with autograd"
     return first
