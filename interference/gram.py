@@ -192,7 +192,9 @@ def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, plan:
     (catches branches on one sample's values and batch-size tests the two-sample dry runs cannot see). Returns the
     gradients of sample 0's outputs alone (weighted by :func:`_weights`) at the ``used`` modules' outputs, for
     :func:`_check_first_row`."""
-    n, tol = out.shape[0], plan.tolerance
+    n, tol = out.shape[0], plan.check_tolerance
+    scale = float(out.detach().abs().max()) if out.numel() else 0.0  # the block's: outputs after cancellation
+    # (a TD error squared) round differently in a batch of n than alone, relative to themselves
     if n == 1:
         return None
     which, start = origin
@@ -214,7 +216,7 @@ def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, plan:
         else:
             with torch.no_grad():
                 alone = fn(_slice(batch, r, r + 1))
-        if not _close_rows(out[r:r + 1].detach(), alone.detach(), tol):
+        if not _close_rows(out[r:r + 1].detach(), alone.detach(), tol, scale):
             raise NotPerSample(f"the model's output for sample {r} of a block of {n} differs from its output for that"
                                " sample alone")
     return first
@@ -236,19 +238,22 @@ def _check_first_row(first: list[Tensor | None] | None, grads: list[Tensor | Non
         if g1 is None or g is None:
             raise NotPerSample("a layer influences sample 0's outputs in its block but not alone, or the reverse")
         row = torch.tensordot(w.to(g.dtype), g[:, 0], dims=1)
-        scale = max(float(g1.abs().max()), float(row.abs().max()), 1e-300)
+        scale = max(float(g1.abs().max()), float(torch.tensordot(w.to(g.dtype), g, dims=1).abs().max()), 1e-300)
         if float((row - g1[0]).abs().max()) > tol * scale:
             raise NotPerSample("the gradient of sample 0's outputs at a layer differs in its block from alone (samples"
                                " mixed after the layer, or a backward hook that is not linear)")
 
 
-def _close_rows(a: Tensor, b: Tensor, tol: float) -> bool:
+def _close_rows(a: Tensor, b: Tensor, tol: float, scale: float) -> bool:
+    """``a`` and ``b`` agree within ``tol * scale`` (``scale``: at least their own largest magnitude)."""
     if a.shape != b.shape:
         return False
-    scale = float(torch.maximum(a.abs().max(), b.abs().max())) if a.numel() else 0.0
+    if not a.numel():
+        return True
+    scale = max(scale, float(torch.maximum(a.abs().max(), b.abs().max())))
     if not math.isfinite(scale):
         return bool(torch.equal(a.nan_to_num(), b.nan_to_num()))
-    return float((a - b).abs().max()) <= tol * max(scale, 1e-300) if a.numel() else True
+    return float((a - b).abs().max()) <= tol * max(scale, 1e-300)
 
 
 def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,
@@ -268,7 +273,7 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,
     probes = [probe for _, (_, probe, _) in used]
     first = _check_block(fn, batch, out, plan, [m for m, _ in used], origin)
     grads = _output_grads(out, probes)
-    _check_first_row(first, grads, out, plan.tolerance)
+    _check_first_row(first, grads, out, plan.check_tolerance)
     changed = [type(m).__name__ for m, (inp, _, version) in used if inp._version != version]
     if changed:
         raise NotPerSample(f"the inputs of {changed} were modified in place after those layers ran")

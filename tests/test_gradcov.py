@@ -89,3 +89,25 @@ def test_per_sample_grads_loop_matches_vmap():
     a = per_sample_grads(model, td_loss, batch, implementation="func")
     b = per_sample_grads(model, td_loss, batch, implementation="loop")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-10, atol=1e-12) for k in a)
+
+
+def test_float32_td_loss_near_its_target_takes_the_rules_without_warnings():
+    """A squared TD error of Q values near their targets (cancellation) rounds differently in a batch of 32 than
+    alone; that is not sample mixing (a DQN probe fell back to the exact path on it)."""
+    import warnings
+
+    import interference as itf
+
+    torch.manual_seed(0)
+    net = mlp(2, [1000], 3, "elephant")
+    with torch.no_grad():
+        net[-1].bias.fill_(-20.0)
+    g = torch.Generator().manual_seed(0)
+    obs, actions = torch.randn(32, 2, generator=g), torch.randint(0, 3, (32,), generator=g)
+    with torch.no_grad():
+        targets = net(obs).gather(1, actions[:, None]).squeeze(1) + 1e-2 * torch.randn(32, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cov = gradient_covariance(net, td_loss, (obs, actions, targets))
+    assert torch.isfinite(cov).all()
+    assert {p.path for p in itf.explain(net, (obs, actions, targets), loss_fn=td_loss).paths.values()} == {"rule"}
