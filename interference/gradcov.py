@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .exact import describe_error, loop_jacobian, single_sample_fn
-from .plan import unseen_message, unseen_parameters
+from .plan import close, tolerance, unseen_message, unseen_parameters
 from .gram import (Batch, Implementation, batch_size, check_per_sample_modes, jacobian_gram, quiet_functorch,
                    select_parameters)
 
@@ -116,8 +116,7 @@ def per_sample_grads(
         else:  # checked against autograd on the first two samples (functional_call misses some uses; vmap bugs)
             head = torch.cat([g[:2].reshape(min(k, 2), -1) for g in grads.values()], 1)
             ref = loop_jacobian(fn, model, list(selected), pytree.tree_map(lambda t: t[:2], batch))[0]
-            if torch.allclose(head, ref, rtol=1e-5 if head.dtype == torch.float64 else 1e-3, atol=0.0) or \
-                    _relative_gap(head, ref) <= torch.finfo(head.dtype).eps ** 0.5:
+            if close(head, ref, tolerance(model, batch)):
                 return grads
             why, cause = ("torch.func (functional_call + vmap) gives other gradients than autograd on the first"
                           " samples (a parameter used through a tensor made outside forward, or a vmap batching bug)",
@@ -133,7 +132,3 @@ def per_sample_grads(
         start += p.numel()
     return out
 
-
-def _relative_gap(a: Tensor, b: Tensor) -> float:
-    scale = float(torch.maximum(a.abs().max(), b.abs().max())) if a.numel() else 0.0
-    return float((a - b).abs().max()) / scale if scale > 0 else 0.0

@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 
 from .contract import kernel
 from .exact import describe_error, func_jacobian, loop_jacobian
-from .plan import Plan, make_plan
+from .plan import Plan, close, make_plan
 from .rules import Factor, rule_for
 
 Batch = Any  # a Tensor or a pytree of Tensors with a common leading dimension
@@ -216,7 +216,7 @@ def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, plan:
         else:
             with torch.no_grad():
                 alone = fn(_slice(batch, r, r + 1))
-        if not _close_rows(out[r:r + 1].detach(), alone.detach(), tol, scale):
+        if not close(out[r:r + 1], alone, tol, scale):
             raise NotPerSample(f"the model's output for sample {r} of a block of {n} differs from its output for that"
                                " sample alone")
     return first
@@ -237,23 +237,10 @@ def _check_first_row(first: list[Tensor | None] | None, grads: list[Tensor | Non
             continue
         if g1 is None or g is None:
             raise NotPerSample("a layer influences sample 0's outputs in its block but not alone, or the reverse")
-        row = torch.tensordot(w.to(g.dtype), g[:, 0], dims=1)
-        scale = max(float(g1.abs().max()), float(torch.tensordot(w.to(g.dtype), g, dims=1).abs().max()), 1e-300)
-        if float((row - g1[0]).abs().max()) > tol * scale:
+        summed = torch.tensordot(w.to(g.dtype), g, dims=1)  # (n, ...): the block's gradient for these weights
+        if not close(summed[0], g1[0], tol, float(summed.abs().max())):
             raise NotPerSample("the gradient of sample 0's outputs at a layer differs in its block from alone (samples"
                                " mixed after the layer, or a backward hook that is not linear)")
-
-
-def _close_rows(a: Tensor, b: Tensor, tol: float, scale: float) -> bool:
-    """``a`` and ``b`` agree within ``tol * scale`` (``scale``: at least their own largest magnitude)."""
-    if a.shape != b.shape:
-        return False
-    if not a.numel():
-        return True
-    scale = max(scale, float(torch.maximum(a.abs().max(), b.abs().max())))
-    if not math.isfinite(scale):
-        return bool(torch.equal(a.nan_to_num(), b.nan_to_num()))
-    return float((a - b).abs().max()) <= tol * max(scale, 1e-300)
 
 
 def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,

@@ -51,7 +51,7 @@ from torch.utils import _pytree as pytree
 from .exact import exact_path_check
 from .rules import LayerRule, registered_rules, rule_for
 
-__all__ = ["ParamPath", "Plan", "make_plan", "distinct_sample", "hidden_uses", "tolerance", "unseen_parameters",
+__all__ = ["ParamPath", "Plan", "make_plan", "close", "distinct_sample", "hidden_uses", "tolerance", "unseen_parameters",
            "unseen_message"]
 
 Batch = Any
@@ -212,8 +212,9 @@ def _cat(a: Batch, b: Batch) -> Batch:
     return pytree.tree_map(lambda s, t: torch.cat([s, t]), a, b)
 
 
-def _close(a: Tensor, b: Tensor, tol: float) -> bool:
-    """Equal shapes and values within ``tol`` relative to their scale (exact for integers and non-finite entries)."""
+def close(a: Tensor, b: Tensor, tol: float, scale: float = 0.0) -> bool:
+    """Equal shapes and values within ``tol`` times a scale: ``scale`` or the largest magnitude in ``a`` and ``b``,
+    whichever is larger (exact for integers and for non-finite entries)."""
     if a.shape != b.shape:
         return False
     if not a.is_floating_point():
@@ -221,13 +222,13 @@ def _close(a: Tensor, b: Tensor, tol: float) -> bool:
     if not a.numel():
         return True
     a, b = a.detach(), b.detach()
-    diff, scale = float((a - b).abs().max()), float(torch.maximum(a.abs().max(), b.abs().max()))
-    if math.isfinite(scale):
-        return diff <= tol * scale
+    diff, own = float((a - b).abs().max()), float(torch.maximum(a.abs().max(), b.abs().max()))
+    if math.isfinite(own):
+        return diff <= tol * max(scale, own, 1e-300)
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num()):
         return False
-    return _close(a[finite], b[finite], tol)
+    return close(a[finite], b[finite], tol, scale)
 
 
 def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None, tol: float) -> bool:
@@ -236,7 +237,7 @@ def _rows_ok(pair: Tensor | None, first: Tensor | None, second: Tensor | None, t
         return False
     if first.dim() == 0 or first.shape[0] != 1 or second.shape != first.shape:
         return False
-    return pair.shape == (2, *first.shape[1:]) and _close(pair, torch.cat([first, second]), tol)
+    return pair.shape == (2, *first.shape[1:]) and close(pair, torch.cat([first, second]), tol)
 
 
 def tolerance(model: nn.Module, batch: Batch) -> float:
@@ -387,7 +388,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
             out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=True, probes=probes)
         else:
             out_ab, _ = _run(fn, one, [], grad=True)
-            if not _close(out_ab, out_a, out_tol):
+            if not close(out_ab, out_a, out_tol):
                 _raise_random()
         hidden = hidden_uses(out_a, out_ab)
         plan.known[(0, 0)] = out_a.detach()
@@ -417,7 +418,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         outputs_ok = _rows_ok(out_ab, out_a, out_b, out_tol) and _rows_ok(out_ba, out_b, out_a, out_tol)
         if not outputs_ok:
             with torch.no_grad():
-                if not _close(fn(one), out_a, out_tol):
+                if not close(fn(one), out_a, out_tol):
                     _raise_random()
         for mod in mods:
             if not outputs_ok:
@@ -443,7 +444,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         unseen = [k for k in exact if id(selected[k]) in hidden]
         plan.fallback = unseen_message(unseen) if unseen else \
             exact_path_check(fn, model, exact, one if other is None else _cat(one, other),
-                             lambda a, b: _close(a, b, tol))
+                             lambda a, b: close(a, b, tol))
         if plan.fallback and implementation == "auto":
             plan.exact_impl = "loop"
     for name in selected:
@@ -504,6 +505,6 @@ def _check_gradient_rows(out: Tensor, probes: dict[nn.Module, Tensor], refuse: C
         if float(g0[1].abs().max()) > tol * own:
             refuse(mod, "the gradient of one sample's outputs reaches another sample's row at its output"
                         " (samples are mixed after it)")
-        elif not _close(g[0], g0[0], tol):  # sample 1's cotangent must leave sample 0's row alone
+        elif not close(g[0], g0[0], tol):  # sample 1's cotangent must leave sample 0's row alone
             refuse(mod, "the gradient at sample 0's row changes when sample 1's outputs are differentiated too"
                         " (samples mixed after it, or a backward hook that clips or normalises gradients)")
