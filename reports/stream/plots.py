@@ -1,0 +1,129 @@
+"""Streaming regression reports, drawing: numbers -> matplotlib figures (built without pyplot): Figure 2a (learned
+functions and NTK rows), the test-MSE curves and Figure 2b (local editing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from probes.runlog import Run
+
+from .. import data as run_data
+from .. import paper
+from .. import plots as figures
+from .data import _table_of, edit_records, sine_snapshots
+
+
+_PANEL_W, _PANEL_H = 2.6, 2.2
+
+
+def sine_panels(runs_by_label: Mapping[str, Run], steps: Sequence[int] | None = None) -> Figure:
+    """Figure 2a: one row per method, one column per probe step (nearest ``outputs`` records to `steps`,
+    default the recorded ones, at most 6): true sin(pi x), learned f(x), normalised NTK(x, x_t) and the sample
+    x_t (dotted line, dot at (x_t, y_t)); one legend for the figure. ValueError if no run has snapshots."""
+    rows = {label: snaps for label, run in runs_by_label.items() if (snaps := sine_snapshots(run, steps))}
+    if not rows:
+        raise ValueError("sine_panels: no run has 'outputs' probe records with probe inputs")
+    n_cols = max(len(s) for s in rows.values())
+    fig = Figure(figsize=(_PANEL_W * n_cols + 0.6, _PANEL_H * len(rows) + 0.7), layout="constrained")
+    axes = fig.subplots(len(rows), n_cols, squeeze=False, sharex=True)
+    handles: dict[str, object] = {}
+    for r, (label, snaps) in enumerate(rows.items()):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            if c >= len(snaps):
+                ax.set_axis_off()
+                continue
+            s = snaps[c]
+            lines = {r"true $\sin(\pi x)$": ax.plot(s.x, np.sin(np.pi * s.x), color="k", ls="--", lw=1)[0],
+                     r"learned $f(x)$": ax.plot(s.x, s.f, color="C0", lw=1.5)[0]}
+            if s.ntk is not None:
+                lines[r"normalised NTK$(x, x_t)$"] = ax.plot(s.x, s.ntk, color="C3", lw=1.2)[0]
+            if s.x_t is not None:
+                lines[r"$x_t$"] = ax.axvline(s.x_t, color="0.45", ls=":", lw=1)
+                lines[r"sample $(x_t, y_t)$"] = ax.plot([s.x_t], [np.sin(np.pi * s.x_t)], "o", color="C2", ms=4)[0]
+            for name, handle in lines.items():
+                handles.setdefault(name, handle)
+            finite = s.f[np.isfinite(s.f)]
+            lo = max(-4.0, min(-1.6, float(finite.min()) if len(finite) else -1.6))
+            hi = min(4.0, max(1.6, float(finite.max()) if len(finite) else 1.6))
+            ax.set_ylim(lo, hi)
+            ax.set_xlim(float(s.x[0]), float(s.x[-1]))
+            ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
+            ax.set_title(f"t = {s.step}", fontsize=9)
+            ax.tick_params(labelsize=7)
+            if r == len(rows) - 1:
+                ax.set_xlabel("x", fontsize=8)
+        axes[r, 0].set_ylabel(f"{label.replace(' (', chr(10) + '(')}\nseed {snaps[0].seed}", fontsize=8)
+    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=len(handles),
+               fontsize=8, frameon=False)
+    fig.suptitle("Streaming regression on sin(pi x): learned function and NTK against the current sample",
+                 fontsize=10)
+    return fig
+
+
+def mse_curves(runs_by_label: Mapping[str, Sequence[Run]]) -> Figure | None:
+    """Test MSE after each sample, ``{label: runs}`` (e.g. each method at its selected setting): mean over
+    seeds, shaded ± standard error, log y axis. None if no run has ``test_mse``."""
+    curves = {f"{label}": c for label, runs in runs_by_label.items()
+              if (c := run_data.learning_curve(runs, "test_mse", num=max(_stream_length(runs), 2))) is not None}
+    if not curves:
+        return None
+    fig = figures.mean_curves({"test MSE": curves}, title="Test MSE during the stream")
+    ax = fig.axes[0]
+    ax.set_yscale("log")
+    ax.set_xlabel("samples seen")
+    return fig
+
+
+def _stream_length(runs: Sequence[Run]) -> int:
+    return max((int(r.scalars["test_mse"][0].max()) for r in runs
+                if "test_mse" in r.scalars and len(r.scalars["test_mse"][0])), default=2)
+
+
+def edit_figure(edit_runs: Iterable[Run]) -> Figure:
+    """Figure 2b: per activation (lowest seed) the learned function before and after editing the target at
+    ``x_edit``, with the edit point and the excluded band ``|x - x_edit| <= far`` marked; last panel the far
+    change per activation, mean ± standard error over seeds (bars) and each seed (dots). ValueError if there
+    are no edit records."""
+    records = edit_records(edit_runs)
+    if not records:
+        raise ValueError("edit_figure: no edit run logs")
+    table = _table_of(records)
+    n = len(records) + 1
+    fig = Figure(figsize=(3.3 * n, 3.2), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for ax, (act, recs) in zip(axes, records.items()):
+        rec = recs[0]
+        ax.axvspan(rec.x_edit - rec.far, rec.x_edit + rec.far, color="0.92", lw=0, label=f"|x - x_edit| <= {rec.far:g}")
+        ax.plot(rec.x, np.sin(np.pi * rec.x), color="k", ls="--", lw=1, label=r"$\sin(\pi x)$")
+        ax.plot(rec.x, rec.before, color="C0", lw=1.5, label="before edit")
+        ax.plot(rec.x, rec.after, color="C3", lw=1.5, label="after edit")
+        ax.plot([rec.x_edit], [rec.target], "*", color="C2", ms=10,
+                label=f"new target ({rec.x_edit:g}, {rec.target:g})")
+        ax.set_title(f"{paper.method_name(act)} (seed {rec.seed}): far change {rec.far_change:.3g}", fontsize=9)
+        ax.set_xlabel("x")
+        shown = np.concatenate([rec.before, rec.after, [rec.target]])
+        shown = shown[np.isfinite(shown)]
+        ax.set_ylim(max(-4.0, min(-1.2, float(shown.min()) - 0.2)), min(4.0, max(1.2, float(shown.max()) + 0.2)))
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("f(x)")
+    axes[0].legend(fontsize=6, loc="upper right")
+    ax = axes[-1]
+    names = [paper.method_name(r.act) for r in table.rows]
+    means = np.array([r.mean_far_change for r in table.rows])
+    sems = np.nan_to_num(np.array([r.sem_far_change for r in table.rows]))
+    pos = np.arange(len(names))
+    ax.bar(pos, means, yerr=sems, color=[f"C{i % 10}" for i in range(len(names))], alpha=0.6, capsize=4)
+    for i, recs in enumerate(records.values()):
+        ax.plot(np.full(len(recs), float(i)), [r.far_change for r in recs], "o", color="k", ms=3)
+    ax.set_xticks(pos, names, fontsize=8)
+    ax.set_ylabel(f"mean |after - before|, |x - x_edit| > {table.far:g}", fontsize=8)
+    title = "far change, mean ± SE over seeds"
+    if table.ratio is not None:
+        title += f"\nReLU / Elephant = {table.ratio:.3g}"
+    ax.set_title(title, fontsize=9)
+    fig.suptitle(f"Editing f({table.x_edit:g}) to {table.target:g}", fontsize=10)
+    return fig
