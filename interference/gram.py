@@ -365,8 +365,9 @@ def _check_limits(chunk_size: Any, max_memory: Any) -> None:
 
 # ----------------------------------------------------------------------------------------------- entry point
 def plan_for(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, batch2: Batch | None = None, *,
-             params: Iterable[str] | None = None, implementation: Implementation = "auto") -> Plan:
-    """Validate the inputs and decide every selected parameter's path (see :mod:`interference.plan`)."""
+             params: Iterable[str] | None = None, implementation: Implementation = "auto", rules: bool = True) -> Plan:
+    """Validate the inputs and decide every selected parameter's path (see :mod:`interference.plan`);
+    ``rules=False`` puts every parameter on the exact path."""
     if implementation not in _IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
     batch_size(batch, "x")
@@ -376,7 +377,7 @@ def plan_for(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, batc
     selected = select_parameters(model, params)
     check_per_sample_modes(model)
     with quiet_functorch():
-        plan = make_plan(fn, model, selected, batch, batch2, implementation)
+        plan = make_plan(fn, model, selected, batch, batch2, implementation, rules)
     plan.selected, plan.dtype = selected, _promoted(selected)
     if implementation == "layerwise" and plan.exact:
         reasons = "; ".join(f"{k}: {plan.paths[k].reason}" for k in plan.exact)
@@ -421,10 +422,7 @@ def jacobian_gram(
             raise RuntimeError(f"implementation='layerwise': {err}; use 'auto'") from err
         warnings.warn(f"{err}: the model is not a per-sample function of its batch beyond the dry-run samples, so"
                       " every parameter takes the exact per-sample path", stacklevel=2)
-    selected = select_parameters(model, params)
-    with quiet_functorch():
-        plan = make_plan(fn, model, selected, batch, batch2, implementation, rules=False)
-    plan.selected, plan.dtype = selected, _promoted(selected)
+    plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, rules=False)
     return _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
 
 
@@ -448,7 +446,7 @@ def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | Non
         return k.expand(n, m, *k.shape[2:]).contiguous()
 
     out_elems = n * m * per_pair
-    itemsize = probe.element_size()
+    itemsize = torch.empty((), dtype=plan.dtype).element_size()  # the kernel's; factors are cast to it
     foot = _footprint(model, plan)
     budget = int(0.8 * available_memory(probe.device)) if max_memory is None else int(max_memory)
 
