@@ -3,7 +3,15 @@
 Pure functions on PyTorch modules; nothing here knows about RL, files or the other packages.
 """
 
-from .activations import FTA, LWTA, Elephant, Maxout, activation_names, elephant, make_activation
+from .activation_spec import (
+    ActArg,
+    ActivationSpec,
+    activation_names,
+    activation_spec,
+    make_activation,
+    register_activation,
+)
+from .activations import FTA, LWTA, Elephant, Maxout, elephant
 from .closed_form import one_hidden_layer_ntk
 from .gradcov import gradient_covariance, per_sample_grads
 from .nets import count_parameters, match_width, mlp, nature_cnn, spread_bias_
@@ -20,6 +28,8 @@ from .sparsity import (
 )
 
 __all__ = [
+    "ActArg",
+    "ActivationSpec",
     "Elephant",
     "FTA",
     "Factor",
@@ -29,6 +39,7 @@ __all__ = [
     "LWTA",
     "Maxout",
     "activation_names",
+    "activation_spec",
     "count_parameters",
     "dormant_units",
     "elephant",
@@ -43,6 +54,7 @@ __all__ = [
     "ntk",
     "one_hidden_layer_ntk",
     "per_sample_grads",
+    "register_activation",
     "register_rule",
     "registered_rules",
     "representation_sparsity",

@@ -1,14 +1,15 @@
-"""Activation functions of the paper and its baselines, and one registry to build them by name.
+"""Activation functions of the paper and its baselines (their specs, registry and conventions:
+:mod:`interference.activation_spec`).
 
 All modules act on the last dimension of their input, which holds the hidden units:
 ``(..., units) -> (..., units_out)``. ``units_out == units`` except for ``Maxout`` (``units / k``) and
-``FTA`` (``units * k``); ``output_width(module, units)`` tells the width a module produces.
+``FTA`` (``units * k``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -22,9 +23,6 @@ __all__ = [
     "LWTA",
     "FTA",
     "elephant",
-    "make_activation",
-    "activation_names",
-    "output_width",
 ]
 
 
@@ -376,64 +374,6 @@ class FTA(nn.Module):
 
     def extra_repr(self) -> str:
         return f"k={self.k}, bound={self.bound:g}, eta={self.eta:g}"
-
-
-_Factory = Callable[..., nn.Module]
-
-_REGISTRY: dict[str, tuple[_Factory, tuple[str, ...]]] = {
-    "relu": (nn.ReLU, ()),
-    "tanh": (nn.Tanh, ()),
-    "sigmoid": (nn.Sigmoid, ()),
-    "elu": (nn.ELU, ("alpha",)),
-    "elephant": (Elephant, ("d", "h", "a", "num_units", "learnable")),
-    "maxout": (Maxout, ("k",)),
-    "lwta": (LWTA, ("k",)),
-    "fta": (FTA, ("k", "bound", "eta")),
-}
-
-
-def activation_names() -> list[str]:
-    """Names accepted by :func:`make_activation`."""
-    return sorted(_REGISTRY)
-
-
-def activation_arguments(name: str) -> tuple[str, ...]:
-    """Keyword arguments the activation ``name`` takes."""
-    return _REGISTRY[_canonical(name)][1]
-
-
-def _canonical(name: str) -> str:
-    key = str(name).lower()
-    if key not in _REGISTRY:
-        raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(activation_names())}")
-    return key
-
-
-def make_activation(name: str, **kwargs: Any) -> nn.Module:
-    """Build an activation module by (case-insensitive) name, e.g. ``make_activation("elephant", d=8, a=0.08)``.
-
-    Raises ``ValueError`` for an unknown name or an argument the activation does not take.
-    """
-    key = _canonical(name)
-    factory, allowed = _REGISTRY[key]
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        takes = ", ".join(allowed) if allowed else "no arguments"
-        raise ValueError(f"activation {key!r} does not take {', '.join(unknown)}; it takes {takes}")
-    return factory(**kwargs)
-
-
-def output_width(module: nn.Module, units: int) -> int:
-    """Width an activation module produces from ``units`` inputs."""
-    if isinstance(module, Maxout):
-        if units % module.k:
-            raise ValueError(f"Maxout(k={module.k}): width {units} is not divisible by k")
-        return units // module.k
-    if isinstance(module, FTA):
-        return units * module.k
-    if isinstance(module, LWTA) and units % module.k:
-        raise ValueError(f"LWTA(k={module.k}): width {units} is not divisible by k")
-    return units
 
 
 def _elephant_rule(mod: Elephant, inp: Tensor, gout: Tensor, use: frozenset[str]) -> list[Factor]:

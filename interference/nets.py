@@ -1,8 +1,9 @@
 """MLPs built with the paper's conventions, and width matching by parameter count.
 
 Conventions (paper, appendix "Experimental Details"): PyTorch-default weights U[-1/sqrt(fan_in), 1/sqrt(fan_in)];
-for Elephant a LayerNorm before the activation and hidden biases spread evenly over
-[-sqrt(3) sigma_bias, +sqrt(3) sigma_bias]; zero hidden biases for every other activation.
+each activation's spec (:mod:`interference.activation_spec`) says by default whether a LayerNorm comes before it
+and whether the hidden biases are spread evenly over [-sqrt(3) sigma_bias, +sqrt(3) sigma_bias] (Elephant: both,
+sigma_bias 0.4) or zero (every other built-in activation); callers override both.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from .activations import make_activation, output_width
+from .activation_spec import activation_spec
 
 __all__ = ["spread_bias_", "mlp", "hidden_layer", "nature_cnn", "count_parameters", "match_width"]
 
@@ -44,24 +45,21 @@ def hidden_layer(
 ) -> tuple[list[nn.Module], int]:
     """One hidden block ``Linear(in, width) [-> LayerNorm(width)] -> activation`` with the paper's biases.
 
-    ``layer_norm=None`` means "LayerNorm iff Elephant"; ``sigma_bias=None`` means 0.4 (the paper's classic-RL
-    value) for Elephant. Returns the modules and the width the block outputs.
+    ``layer_norm=None`` and ``sigma_bias=None`` take the activation spec's defaults (Elephant: LayerNorm and 0.4;
+    the others: neither); ``sigma_bias`` 0 or None gives zero biases. Returns the modules and the block's output
+    width.
     """
-    kwargs = dict(act_kwargs or {})
-    is_elephant = activation.lower() == "elephant"
-    if is_elephant:
-        kwargs.setdefault("num_units", width)
-    act = make_activation(activation, **kwargs)
+    spec = activation_spec(activation)
+    act = spec.build(width, **dict(act_kwargs or {}))
     linear = nn.Linear(in_features, width)
-    if is_elephant:
-        spread_bias_(linear.bias, 0.4 if sigma_bias is None else sigma_bias)
-    elif sigma_bias:
-        spread_bias_(linear.bias, sigma_bias)
+    sigma = spec.sigma_bias if sigma_bias is None else sigma_bias
+    if sigma:
+        spread_bias_(linear.bias, sigma)
     else:
         nn.init.zeros_(linear.bias)
-    use_ln = is_elephant if layer_norm is None else layer_norm
+    use_ln = spec.layer_norm if layer_norm is None else layer_norm
     modules: list[nn.Module] = [linear] + ([nn.LayerNorm(width)] if use_ln else []) + [act]
-    return modules, output_width(act, width)
+    return modules, spec.output_width(act, width)
 
 
 def mlp(
@@ -122,15 +120,16 @@ def match_width(
 ) -> int:
     """Hidden width for ``activation`` whose MLP has about as many parameters as the ``reference`` MLP.
 
-    ``reference`` is ``(activation, width)`` with the paper's conventions (LayerNorm iff Elephant); ``layer_norm``
-    is the matched MLP's (``None``: iff Elephant), whose parameters count too. Widths of Maxout/LWTA stay multiples
-    of ``k``. Example: on MountainCar (2 inputs, 3 actions) with Elephant 1000 as reference this gives ReLU 1667,
-    FTA(k=20) 159, Maxout(k=5) 2780; the paper rounds these to 1700 / 170 / 3000.
+    ``reference`` is ``(activation, width)`` with its spec's default conventions; ``layer_norm`` is the matched
+    MLP's (``None``: its spec's default), whose parameters count too. Widths stay multiples of the spec's
+    ``width_multiple`` (Maxout/LWTA: ``k``). Example: on MountainCar (2 inputs, 3 actions) with Elephant 1000 as
+    reference this gives ReLU 1667, FTA(k=20) 159, Maxout(k=5) 2780; the paper rounds these to 1700 / 170 / 3000.
     """
     target = _mlp_parameters(in_features, reference[1], depth, out_features, reference[0], reference_kwargs,
                              output_bias)
     kwargs = dict(act_kwargs or {})
-    step = kwargs.get("k", 5) if activation.lower() in ("maxout", "lwta") else 1
+    spec = activation_spec(activation)
+    step = spec.width_multiple(spec.build(1, **kwargs))
 
     def count(w: int) -> int:
         return _mlp_parameters(in_features, w, depth, out_features, activation, kwargs, output_bias, layer_norm)
@@ -156,7 +155,7 @@ def nature_cnn(
     """The Nature-DQN network ``(N, C, 84, 84) -> (N, out_features)``; only the penultimate layer takes ``activation``.
 
     The convolutions keep ReLU, as in the paper's Atari set-up; the ``hidden``-unit layer follows
-    :func:`hidden_layer` (LayerNorm and spread biases for Elephant).
+    :func:`hidden_layer` (the activation's default LayerNorm and bias spread).
     """
     convs = nn.Sequential(
         nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),

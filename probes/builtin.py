@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 import interference
-from interference.activations import FTA, LWTA, Elephant, Maxout
+from interference.activation_spec import activation_names, activation_spec, activation_types, module_spec
 from interference.ntk import model_outputs
 from interference.sparsity import dormant_units, representation_sparsity, saturated_units
 
@@ -143,12 +143,11 @@ def _model_fn(ctx: ProbeContext) -> nn.Module:
     return ctx.model if ctx.forward is None else _Forward(ctx.model, ctx.forward)
 
 
-_ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.LeakyReLU, nn.GELU, nn.SiLU, Elephant, Maxout, LWTA, FTA)
-
-
 def activation_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The hidden activation modules of ``model`` (the layers the sparsity probe measures), in forward order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, _ACTIVATIONS)]
+    """The hidden activation modules of ``model`` (the layers the sparsity probe measures), in forward order: the
+    modules of every registered activation spec (plugins' included)."""
+    types = activation_types()
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, types)]
 
 
 class SparsityProbe(Probe):
@@ -227,24 +226,32 @@ class SparsityProbe(Probe):
         return {k: np.asarray(v, dtype=np.float32) for k, v in rows.items()}
 
 
+def _unit_specs() -> list[tuple[str, tuple[str, ...]]]:
+    """(activation name, its per-unit parameters) of every registered spec that declares some."""
+    return [(n, activation_spec(n).unit_parameters) for n in activation_names() if activation_spec(n).unit_parameters]
+
+
 class WeightsProbe(Probe):
-    """Per parameter tensor: its norm and the norm of its current ``.grad`` (NaN before the first update);
-    per Elephant layer: the learned ``h`` and ``a`` as (mean, min, max)."""
+    """Per parameter tensor: its norm and the norm of its current ``.grad`` (NaN before the first update); per
+    layer of an activation whose spec declares per-unit parameters (Elephant's ``h`` and ``a``): each as (mean,
+    min, max), in fields ``<activation>_<parameter>`` (``elephant_h``), layers in the setting ``<activation>_layers``."""
 
     name = "weights"
 
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:
         self.names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
-        self.elephants = [n for n, m in ctx.model.named_modules() if isinstance(m, Elephant)]
+        self.units = {act: [n for n, m in ctx.model.named_modules() if (s := module_spec(m)) and s.name == act]
+                      for act, _ in _unit_specs()}
         out = {"param_norm": Field((len(self.names),)), "grad_norm": Field((len(self.names),))}
-        if self.elephants:
-            out["elephant_h"] = Field((len(self.elephants), 3))
-            out["elephant_a"] = Field((len(self.elephants), 3))
+        for act, params in _unit_specs():
+            if self.units[act]:
+                out.update({f"{act}_{p}": Field((len(self.units[act]), 3)) for p in params})
         return out
 
     def settings(self) -> dict[str, Any]:
+        units = getattr(self, "units", {})
         return {**super().settings(), "parameters": getattr(self, "names", None),
-                "elephant_layers": getattr(self, "elephants", None)}
+                **{f"{act}_layers": units.get(act) for act, _ in _unit_specs()}}
 
     def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
         params = dict(ctx.model.named_parameters())
@@ -255,11 +262,11 @@ class WeightsProbe(Probe):
                 "grad_norm": np.array([params[n].grad.norm().item() if params[n].grad is not None else np.nan
                                        for n in self.names], dtype=np.float32),
             }
-            for key, attr in (("elephant_h", "h"), ("elephant_a", "a")):
-                if self.elephants:
-                    vals = [getattr(mods[n], attr) for n in self.elephants]
-                    out[key] = np.array([[v.mean().item(), v.min().item(), v.max().item()] for v in vals],
-                                        dtype=np.float32)
+            for act, attrs in _unit_specs():
+                for attr in attrs if self.units[act] else ():
+                    vals = [getattr(mods[n], attr) for n in self.units[act]]
+                    out[f"{act}_{attr}"] = np.array([[v.mean().item(), v.min().item(), v.max().item()] for v in vals],
+                                                    dtype=np.float32)
         return out
 
 

@@ -6,7 +6,8 @@ algorithm, the per-sample training losses the gradient-covariance probe needs:
 * DQN: the TD loss on replay samples against the target network (``mse`` if the algorithm has
   ``td_loss == "mse"``, else SB3's Huber loss), over the Q-network;
 * PPO: the clipped surrogate (``actor``) and the value loss (``critic``) on the last rollout, over the policy;
-* SAC: the actor loss over the actor's parameters and the twin-critic loss over the critics', on replay samples.
+* SAC: the actor loss over the actor's parameters (its reparameterisation noise drawn with the batch, so that the
+  loss is a function of the sample) and the twin-critic loss over the critics', on replay samples.
 
 Probe samples come from the callback's own RNG; torch and numpy global RNG states are restored after each probe,
 so training is bit-identical with and without probes.
@@ -19,6 +20,7 @@ has changed), so each record has the step of the update that produced it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -119,6 +121,8 @@ def _sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
     def ent_coef() -> Tensor:
         return torch.exp(algo.log_ent_coef.detach()) if algo.ent_coef_optimizer is not None else algo.ent_coef_tensor
 
+    action_dim = int(np.prod(algo.action_space.shape))
+
     def sample(k: int):
         data = raw(k)
         discounts = data.discounts if data.discounts is not None else algo.gamma
@@ -127,15 +131,23 @@ def _sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
             next_q = torch.cat(policy.critic_target(data.next_observations, next_actions), dim=1).min(dim=1).values
             next_q = next_q - ent_coef() * next_log_prob
             target = data.rewards.flatten() + (1 - data.dones.flatten()) * torch.as_tensor(discounts).flatten() * next_q
-        return data.observations, data.actions, target
+        # the actor's reparameterisation noise, drawn once per batch: a per-sample loss must be a function
+        noise = torch.as_tensor(rng.standard_normal((k, action_dim)), dtype=data.observations.dtype,
+                                device=data.observations.device)
+        return data.observations, data.actions, target, noise
 
     def critic(pol: nn.Module, batch) -> Tensor:
-        obs, actions, target = batch
+        obs, actions, target, _ = batch
         return 0.5 * sum((q.flatten() - target) ** 2 for q in pol.critic(obs, actions))
 
     def actor(pol: nn.Module, batch) -> Tensor:
-        obs = batch[0]
-        actions, log_prob = pol.actor.action_log_prob(obs)
+        """SB3's actor loss ``alpha log pi(a|s) - min_i Q_i(s, a)`` with ``a = tanh(mean + std * noise)``."""
+        obs, _, _, noise = batch
+        mean, log_std, _ = pol.actor.get_action_dist_params(obs)
+        gaussian = mean + log_std.exp() * noise
+        actions = torch.tanh(gaussian)
+        log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(dim=1)
+        log_prob = log_prob - torch.log(1 - actions.pow(2) + 1e-6).sum(dim=1)  # SB3's squashing correction
         q = torch.cat(pol.critic(obs, actions), dim=1).min(dim=1).values
         return ent_coef() * log_prob - q
 

@@ -341,3 +341,31 @@ def test_elephant_ntk_rule_matches_autograd(num_units):
     for dtype in (torch.float32, torch.float16):  # finite where the old rule gave nan
         out = _elephant_rule(e.to(dtype), inp.to(dtype), gout.to(dtype), frozenset({"log_h", "log_a"}))
         assert all(f.g.dtype == dtype and torch.isfinite(f.g).all() for f in out)
+
+
+def test_activation_specs_declare_the_conventions():
+    from interference.activation_spec import activation_spec, activation_types, output_width
+
+    elephant = activation_spec("Elephant")
+    assert (elephant.layer_norm, elephant.sigma_bias, elephant.per_unit) == (True, 0.4, True)
+    assert elephant.defaults() == {"d": 4.0, "h": 1.0, "a": 0.2, "learnable": True}
+    assert elephant.build(7).num_units == 7
+    assert (activation_spec("relu").layer_norm, activation_spec("relu").sigma_bias) == (False, None)
+    assert output_width(make_activation("maxout", k=4), 12) == 3
+    assert output_width(make_activation("fta", k=20), 12) == 240
+    with pytest.raises(ValueError, match="not divisible"):
+        output_width(make_activation("lwta", k=5), 12)
+    assert set(activation_types()) >= {Elephant, Maxout, LWTA, FTA, torch.nn.ReLU, torch.nn.GELU}
+
+
+def test_activation_spec_registration_is_checked():
+    from interference.activation_spec import ActArg, ActivationSpec, register_activation
+
+    with pytest.raises(ValueError, match="registered already"):
+        register_activation(ActivationSpec("relu", torch.nn.ReLU))
+    with pytest.raises(ValueError, match="lower case"):
+        ActivationSpec("ReLU2", torch.nn.ReLU)
+    with pytest.raises(ValueError, match="num_units"):
+        ActivationSpec("x", torch.nn.ReLU, {"num_units": ActArg(int, "")})
+    with pytest.raises(ValueError, match="module_type"):
+        ActivationSpec("x", lambda: torch.nn.ReLU())

@@ -214,3 +214,27 @@ def test_paper_dqn_epsilon_schedule_is_in_absolute_steps():
     assert model.target_update_interval == 100 and model.train_freq.frequency == 1 and model.batch_size == 32
 
 
+
+
+def test_sac_probe_actor_loss_is_sb3_loss_with_the_batch_noise():
+    """The probe's SAC actor loss (noise drawn with the batch, so it is a function of the sample) against SB3's
+    own squashed-Gaussian log-probability on the same noise, and gradcov runs on it."""
+    import interference
+    from probes.sb3 import probe_context
+
+    _, model = _model("sac", "elephant", env="Pendulum-v1", hidden="32,32", learning_starts=10)
+    model.learn(40)
+    ctx = probe_context(model, np.random.default_rng(0), None, step=40)
+    batch = ctx.sample(8)
+    obs, noise = batch[0], batch[3]
+    actor = model.policy.actor
+    mean, log_std, _ = actor.get_action_dist_params(obs)
+    gaussian = mean + log_std.exp() * noise
+    dist = actor.action_dist.proba_distribution(mean, log_std)
+    log_prob = dist.log_prob(torch.tanh(gaussian), gaussian)
+    q = torch.cat(model.policy.critic(obs, torch.tanh(gaussian)), dim=1).min(dim=1).values
+    alpha = torch.exp(model.log_ent_coef.detach())
+    expected = alpha * log_prob - q
+    torch.testing.assert_close(ctx.losses["actor"](model.policy, batch), expected, rtol=1e-5, atol=1e-5)
+    c = interference.gradient_covariance(model.policy, ctx.losses["actor"], batch, params=ctx.loss_params["actor"])
+    assert c.shape == (8, 8) and torch.isfinite(c).all()

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from interference.activations import activation_arguments, activation_names
+from interference.activation_spec import ActArg, activation_names, activation_spec
 
-from .config import ACT_ARGS, DEFAULT_ENV, resolve, run_tag
+from .config import DEFAULT_ENV, resolve, run_tag
 
 __all__ = ["RLCommand", "COMMANDS"]
 
-_ACT_HELP = {
+_HELP = {
     "d": "Elephant slope exponent d",
     "h": "Elephant height h (initial value; learnable unless --no-learnable)",
     "a": "Elephant half-width a (initial value; learnable unless --no-learnable)",
@@ -58,6 +58,15 @@ def _int(text: str) -> int:
     return int(value)  # accepts 5e4
 
 
+def _activation_arguments() -> dict[str, tuple[ActArg, list[str]]]:
+    """Each activation argument (from the registered specs): its first declaration and the activations taking it."""
+    out: dict[str, tuple[ActArg, list[str]]] = {}
+    for name in activation_names():
+        for arg, declared in activation_spec(name).arguments.items():
+            out.setdefault(arg, (declared, []))[1].append(name)
+    return dict(sorted(out.items()))
+
+
 class RLCommand:
     """One SB3 algorithm as an ``agents.train`` subcommand."""
 
@@ -96,14 +105,13 @@ class RLCommand:
         a = parser.add_argument_group("network and activation")
         a.add_argument("--act", default=S, metavar="ACT",
                        help=f"hidden activation: {', '.join(activation_names())} (default: elephant)")
-        takes = {arg: [n for n in activation_names() if arg in activation_arguments(n)] for arg in ACT_ARGS}
-        for arg in ACT_ARGS:
-            text = f"{_ACT_HELP.get(arg, arg)} [{', '.join(takes[arg])}]"
-            if arg == "learnable":
+        for arg, (declared, takes) in _activation_arguments().items():
+            text = f"{declared.help} [{', '.join(takes)}]"
+            if declared.type is bool:
                 a.add_argument(f"--{arg}", action=argparse.BooleanOptionalAction, default=S, help=text)
             else:
-                a.add_argument(f"--{arg}", type=_int if arg == "k" else float, default=S, metavar="N" if arg == "k" else "X",
-                               help=text)
+                a.add_argument(f"--{arg.replace('_', '-')}", dest=arg, type=_int if declared.type is int else float,
+                               default=S, metavar="N" if declared.type is int else "X", help=text)
         a.add_argument("--sigma-bias", dest="sigma_bias", type=float, default=S, metavar="X",
                        help="spread hidden biases evenly over [-sqrt(3) X, sqrt(3) X] (default: per env for Elephant, "
                             "zero biases for the others)")

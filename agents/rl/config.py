@@ -27,13 +27,13 @@ from gymnasium import spaces
 from stable_baselines3.common.preprocessing import is_image_space
 
 from agents.commands import ConfigError, read_yaml
-from interference.activations import activation_arguments, activation_names, make_activation
+from interference.activation_spec import activation_names, activation_spec
 from interference.nets import match_width
 
 from .envs import check_env_id, env_spaces, is_atari
 from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy, cnn_flat_features
 
-__all__ = ["ALGOS", "ALIASES", "ACT_ARGS", "DEFAULT_ENV", "OPTIMIZERS", "resolve", "hyperparams", "run_tag",
+__all__ = ["ALGOS", "ALIASES", "act_args", "DEFAULT_ENV", "OPTIMIZERS", "resolve", "hyperparams", "run_tag",
            "algo_kwargs", "RUNTIME_KEYS"]
 
 ALGOS = ("dqn", "ppo", "sac")
@@ -43,8 +43,13 @@ OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": t
 #: flag names -> config keys
 ALIASES = {"lr": "learning_rate", "steps": "n_timesteps", "hidden": "net_arch", "ln": "layer_norm",
            "threads": "torch_threads"}
-#: activation arguments settable as flags (--d, --a, --k, ...); they go into ``act_kwargs``
-ACT_ARGS = tuple(sorted({a for n in activation_names() for a in activation_arguments(n)} - {"num_units"}))
+#: activation arguments are settable as flags (--d, --a, --k, ...); they go into ``act_kwargs``
+def act_args() -> tuple[str, ...]:
+    """Arguments of every registered activation (activations registered by plugins included)."""
+    return tuple(sorted({a for n in activation_names() for a in activation_spec(n).arguments}))
+
+
+
 #: keys that do not change what is trained: left out of the run directory name
 ACTIVATION_KEYS = ("act_kwargs", "sigma_bias", "layer_norm")  # settings that belong to one activation
 RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "torch_threads", "probe", "probe_every",
@@ -284,8 +289,9 @@ def _read_config_file(path: str | Path, algo: str) -> dict[str, Any]:
 def _split_flags(algo: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """Flag (or grid entry) values -> (config keys, activation arguments, --config path)."""
     config: dict[str, Any] = {}
-    act_args: dict[str, Any] = {}
+    activation_kwargs: dict[str, Any] = {}
     path = None
+    arg_names = act_args()
     for key, value in values.items():
         key = ALIASES.get(key, key)
         if key == "config":
@@ -297,18 +303,18 @@ def _split_flags(algo: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], 
                     raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
                 name = ALIASES.get(name.strip(), name.strip())
                 config[name] = yaml.safe_load(raw)
-        elif key in ACT_ARGS:
-            act_args[key] = value
+        elif key in arg_names:
+            activation_kwargs[key] = value
         else:
             config[key] = value
     for name in list(config):
-        if name in ACT_ARGS:  # --set d=8
-            act_args[name] = config.pop(name)
+        if name in arg_names:  # --set d=8
+            activation_kwargs[name] = config.pop(name)
     unknown = sorted(set(config) - set(_checks(algo)))
     if unknown:
         raise ConfigError(f"unknown {algo} settings {unknown}; {algo} takes {', '.join(sorted(_checks(algo)))} "
-                          f"and the activation arguments {', '.join(ACT_ARGS)}")
-    return config, act_args, path
+                          f"and the activation arguments {', '.join(arg_names)}")
+    return config, activation_kwargs, path
 
 
 # --- resolution -----------------------------------------------------------------------------------------
@@ -404,32 +410,33 @@ def _check_policy_kwargs(algo: str, policy_kwargs: Mapping[str, Any]) -> None:
 
 def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], from_file: Mapping[str, Any],
                         flags: Mapping[str, Any]) -> None:
-    act = str(config.get("act", "relu")).lower()
-    if act not in activation_names():
-        raise ConfigError(f"unknown activation {config.get('act')!r}; choose one of {', '.join(activation_names())}")
+    try:
+        spec = activation_spec(config.get("act", "relu"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    act = spec.name
     table = _mapping((config.get("activations") or {}).get(act))
     table_sigma, table_ln = table.pop("sigma_bias", None), table.pop("layer_norm", None)
     act_kwargs = {**table, **_mapping(config.get("act_kwargs")), **act_flags}
     if "num_units" in act_kwargs:
         raise ConfigError("num_units is set from the layer width; leave it out")
-    allowed = set(activation_arguments(act)) - {"num_units"}
-    unknown = sorted(set(act_kwargs) - allowed)
-    if unknown:
-        takes = ", ".join(sorted(allowed)) if allowed else "no arguments"
-        raise ConfigError(f"activation {act!r} does not take {', '.join(unknown)}; it takes {takes}")
     try:
-        make_activation(act, **act_kwargs, **({"num_units": 1} if act == "elephant" else {}))
+        spec.check_arguments(act_kwargs)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        spec.build(1, **act_kwargs)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"activation {act!r}: {err}") from None
     given = {**from_file, **flags}  # explicit settings beat the activation's table, which beats the YAML entry
     sigma = config.get("sigma_bias") if "sigma_bias" in given or table_sigma is None else table_sigma
-    if sigma is None and act == "elephant":
-        sigma = 0.4  # interference.nets' default for Elephant
+    if sigma is None:
+        sigma = spec.sigma_bias  # the activation's default convention (Elephant: 0.4; the others: none)
     ln = config.get("layer_norm") if "layer_norm" in given or table_ln is None else table_ln
     config["act"] = act
     config["act_kwargs"] = act_kwargs
     config["sigma_bias"] = _float(0.0, optional=True)(sigma)
-    config["layer_norm"] = (act == "elephant") if ln is None else _bool()(ln)
+    config["layer_norm"] = spec.layer_norm if ln is None else _bool()(ln)
 
 
 def _resolve_probes(config: dict[str, Any]) -> None:
@@ -466,14 +473,18 @@ def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+#: the activation whose network --match-width matches (the paper's reference, Elephant)
+MATCH_REFERENCE = "elephant"
+
+
 def _match(act: str, act_kwargs: Mapping[str, Any], layer_norm: bool, in_features: int, out_features: int,
            widths: Sequence[int]) -> list[int]:
-    if not widths or act == "elephant":
+    if not widths or act == MATCH_REFERENCE:
         return list(widths)
     if len(set(widths)) != 1:
-        raise ConfigError(f"match_width needs equal hidden widths (the Elephant reference), got {list(widths)}")
+        raise ConfigError(f"match_width needs equal hidden widths (the {MATCH_REFERENCE} reference), got {list(widths)}")
     try:
-        w = match_width(act, in_features, out_features, reference=("elephant", widths[0]), depth=len(widths),
+        w = match_width(act, in_features, out_features, reference=(MATCH_REFERENCE, widths[0]), depth=len(widths),
                         act_kwargs=act_kwargs, layer_norm=layer_norm)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"match_width for {act!r}: {err}") from None
@@ -537,10 +548,8 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _out_width(act: str, act_kwargs: Mapping[str, Any], width: int) -> int:
-    from interference.activations import output_width
-
-    module = make_activation(act, **act_kwargs, **({"num_units": width} if act == "elephant" else {}))
-    return output_width(module, width)
+    spec = activation_spec(act)
+    return spec.output_width(spec.build(width, **act_kwargs), width)
 
 
 _ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm", "net_arch", "match_width",

@@ -5,8 +5,8 @@ arguments passed as ``policy_kwargs``, plus a features extractor class for image
 
 * ``activation``: a registered activation name (``elephant``, ``relu``, ``maxout``, ``fta``, ...);
 * ``act_kwargs``: its arguments (``d``, ``h``, ``a`` for Elephant, ``k`` for Maxout/LWTA/FTA, ...);
-* ``layer_norm``: LayerNorm before the activation (``None``: iff Elephant, the paper's convention);
-* ``sigma_bias``: spread of the hidden biases (``None``: 0.4 for Elephant, zero biases otherwise);
+* ``layer_norm``: LayerNorm before the activation (``None``: the activation spec's default, on for Elephant);
+* ``sigma_bias``: spread of the hidden biases (``None``: the spec's default, 0.4 for Elephant, else zero biases);
 
 and builds its hidden blocks with :func:`interference.nets.hidden_layer` (``Linear [-> LayerNorm] -> act``).
 ``net_arch`` holds the hidden Linear widths actually built (width matching happens before, in the config).
@@ -35,7 +35,7 @@ from stable_baselines3.dqn.policies import DQNPolicy, QNetwork
 from stable_baselines3.sac.policies import Actor, SACPolicy
 from torch import nn
 
-from interference.activations import activation_names
+from interference.activation_spec import activation_spec
 from interference.nets import hidden_layer, spread_bias_
 
 __all__ = [
@@ -48,9 +48,7 @@ SPREAD_ATTR = "spread_sigma_bias"  # tag on a hidden nn.Linear whose bias follow
 
 def _spec(activation: str, act_kwargs: Mapping[str, Any] | None, layer_norm: bool | None,
           sigma_bias: float | None) -> dict[str, Any]:
-    if str(activation).lower() not in activation_names():
-        raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(activation_names())}")
-    return {"activation": str(activation).lower(), "act_kwargs": dict(act_kwargs or {}),
+    return {"activation": activation_spec(activation).name, "act_kwargs": dict(act_kwargs or {}),
             "layer_norm": layer_norm, "sigma_bias": sigma_bias}
 
 
@@ -62,8 +60,7 @@ def act_blocks(in_features: int, widths: Sequence[int], activation: str = "relu"
     are tagged for :func:`reapply_spread_bias`."""
     layers: list[nn.Module] = []
     width = int(in_features)
-    elephant = activation.lower() == "elephant"
-    spread = (0.4 if sigma_bias is None else sigma_bias) if elephant else sigma_bias
+    spread = activation_spec(activation).sigma_bias if sigma_bias is None else sigma_bias
     for w in widths:
         block, width = hidden_layer(width, int(w), activation, act_kwargs, layer_norm=layer_norm,
                                     sigma_bias=sigma_bias)
@@ -105,7 +102,7 @@ def cnn_flat_features(observation_shape: Sequence[int]) -> int:
 
 class ActNatureCNN(BaseFeaturesExtractor):
     """Nature-DQN features: three ReLU convolutions, then one ``features_dim``-unit hidden block with the chosen
-    activation (LayerNorm and spread biases for Elephant), as in the paper's Atari set-up.
+    activation (with its spec's or the given LayerNorm and bias spread), as in the paper's Atari set-up.
 
     Observations are ``(C, H, W)`` images (SB3 transposes channel-last images and divides by 255).
     ``features_dim`` is the Linear width; the extractor outputs its activation's width (FTA: ``k`` times more).

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from interference.activation_spec import activation_names
 from interference.gradcov import LossFn
-from probes import Field, ProbeContext, ProbeRunner, RunLog, make_probe
+from probes import PROBES, Field, ProbeContext, ProbeRunner, RunLog, make_probe
 
 from ..commands import ConfigError
 from .edit import EditConfig, edit
@@ -26,8 +27,6 @@ from .learner import Ensemble, StreamConfig, train_stream
 
 __all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes"]
 
-ACTIVATIONS = ("elephant", "relu", "sigmoid", "tanh", "elu")
-PROBES = ("ntk", "outputs", "sparsity", "gradcov", "weights")
 N_PROBE_INPUTS = 201
 
 
@@ -58,8 +57,8 @@ def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
     known = {f.name for f in fields(StreamConfig)}
     cfg = StreamConfig(**{k: v for k, v in values.items() if k in known and k != "seeds"})
     cfg.seeds = _seeds(values.get("seeds", values.get("seed", (0,))))
-    if cfg.act not in ACTIVATIONS:
-        raise ConfigError(f"unknown activation {cfg.act!r} for stream-sin; choose from {', '.join(ACTIVATIONS)}")
+    if cfg.act not in activation_names():
+        raise ConfigError(f"unknown activation {cfg.act!r}; choose from {', '.join(activation_names())}")
     for name in ("lr", "d", "a", "h"):
         v = getattr(cfg, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -78,7 +77,7 @@ def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
 
 def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
     d = StreamConfig()
-    p.add_argument("--act", choices=ACTIVATIONS, help=f"hidden activation (default {d.act})")
+    p.add_argument("--act", choices=activation_names(), help=f"hidden activation (default {d.act})")
     p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d.lr:g}; the paper's grid is "
                                             "3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)")
     p.add_argument("--seeds", help="comma-separated seeds trained side by side (default 0)")
@@ -86,11 +85,12 @@ def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-test", dest="n_test", type=int, help=f"test points on [0, 2] (default {d.n_test})")
     p.add_argument("--updates", type=int, help=f"Adam updates per arriving sample (default {d.updates})")
     p.add_argument("--width", type=int, help=f"hidden units (default {d.width})")
-    p.add_argument("--d", type=float, help=f"Elephant slope d (default {d.d:g})")
-    p.add_argument("--a", type=float, help=f"Elephant width a (default {d.a:g})")
-    p.add_argument("--h", type=float, help=f"Elephant height h (default {d.h:g})")
+    p.add_argument("--d", type=float, help=f"Elephant slope d (default {d.d:g}; any activation's argument d)")
+    p.add_argument("--a", type=float, help=f"Elephant width a (default {d.a:g}; any activation's argument a)")
+    p.add_argument("--h", type=float, help=f"Elephant height h (default {d.h:g}; any activation's argument h)")
     p.add_argument("--sigma-bias", dest="sigma_bias", type=float,
-                   help=f"Elephant bias spread sigma_bias (default {d.sigma_bias:g})")
+                   help=f"bias spread sigma_bias of activations that spread their biases, e.g. Elephant "
+                        f"(default {d.sigma_bias:g})")
 
 
 class StreamSin:
@@ -102,7 +102,7 @@ class StreamSin:
         p.add_argument("--srnn-lambda", dest="srnn_lambda", type=float,
                        help="SR-NN Set-KL weight lambda (0 = plain activation; paper: 0.1, 0.01, 0.001)")
         p.add_argument("--srnn-beta", dest="srnn_beta", type=float, help="SR-NN target sparsity beta (0.05, 0.1, 0.2)")
-        p.add_argument("--probe", help=f"comma-separated probes from {', '.join(PROBES)} (default ntk,outputs,sparsity)")
+        p.add_argument("--probe", help=f"comma-separated probes from {', '.join(sorted(PROBES))} (default ntk,outputs,sparsity)")
         p.add_argument("--probe-at", dest="probe_at",
                        help="samples seen at which probes run (default 1,25,50,100,150,200)")
 
@@ -112,7 +112,7 @@ class StreamSin:
         probes = [p for p in (probes.split(",") if isinstance(probes, str) else probes) if p]
         unknown = [p for p in probes if p not in PROBES]
         if unknown:
-            raise ConfigError(f"unknown probe {unknown[0]!r}; choose from {', '.join(PROBES)}")
+            raise ConfigError(f"unknown probe {unknown[0]!r}; choose from {', '.join(sorted(PROBES))}")
         at = _steps(values.get("probe_at", (1, 25, 50, 100, 150, cfg.n)))
         extra = set(values) - {f.name for f in fields(StreamConfig)} - {"seed", "probe", "probe_at"}
         if extra:

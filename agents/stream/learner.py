@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from interference import mlp
+from interference import activation_spec, mlp
 
 from .srnn import set_kl_penalty
 
@@ -60,13 +60,19 @@ def sine_stream(n: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Ten
 
 
 def build_net(cfg: StreamConfig, seed: int) -> nn.Sequential:
-    """The paper's 1-width-1 net for one seed: Elephant with fixed h, a and spread biases, no LayerNorm."""
+    """The paper's 1-width-1 net for one seed, without LayerNorm (the streaming task's setting).
+
+    The activation takes the config's ``d``, ``a`` and ``h`` where its spec has arguments of those names, fixed
+    (``learnable=False`` where it has that argument); the hidden biases are spread with the config's
+    ``sigma_bias`` where the spec's convention spreads them (Elephant), zero otherwise.
+    """
     torch.manual_seed(seed)
-    if cfg.act == "elephant":
-        kwargs = {"d": cfg.d, "a": cfg.a, "h": cfg.h, "learnable": False}
-        return mlp(1, [cfg.width], 1, "elephant", kwargs, layer_norm=False, sigma_bias=cfg.sigma_bias,
-                   output_bias=False)
-    return mlp(1, [cfg.width], 1, cfg.act, output_bias=False)
+    spec = activation_spec(cfg.act)
+    kwargs: dict[str, object] = {k: getattr(cfg, k) for k in ("d", "a", "h") if k in spec.arguments}
+    if "learnable" in spec.arguments:
+        kwargs["learnable"] = False
+    sigma = cfg.sigma_bias if spec.sigma_bias is not None else None
+    return mlp(1, [cfg.width], 1, spec.name, kwargs, layer_norm=False, sigma_bias=sigma, output_bias=False)
 
 
 class Ensemble:
