@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "commands", "get_command", "read_yaml"]
+__all__ = ["Command", "ConfigError", "commands", "get_command", "read_yaml", "register_command"]
 
 
 class ConfigError(ValueError):
@@ -58,11 +58,26 @@ _MODULES = {
 }
 
 
+_REGISTERED: dict[str, Command] = {}  # commands of plugins (register_command)
+
+
+def register_command(command: Command, *, replace: bool = False) -> Command:
+    """Make ``command`` (a learner or algorithm: the :class:`Command` protocol, e.g. an
+    :class:`agents.algorithm.Algorithm`) a subcommand of ``agents.train`` and usable in grid files."""
+    if command.name in commands() and not replace:
+        raise ValueError(f"command {command.name!r} exists already (pass replace=True to redefine it)")
+    _REGISTERED[command.name] = command
+    return command
+
+
 def commands() -> list[str]:
-    return list(_MODULES)
+    return [*_MODULES, *(n for n in _REGISTERED if n not in _MODULES)]
 
 
 def get_command(name: str) -> Command:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in _MODULES:
-        raise ConfigError(f"unknown command {name!r}; choose from {', '.join(_MODULES)}")
+        raise ConfigError(f"unknown command {name!r}; choose from {', '.join(commands())} (a plugin's command needs "
+                          "--import MODULE)")
     return importlib.import_module(_MODULES[name]).COMMANDS[name]

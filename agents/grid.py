@@ -2,9 +2,11 @@
 
     python -m agents.grid GRID.yml --out DIR [--workers N] [--backend local|ray] [--dry-run]
 
-A grid file (YAML) names a command of ``agents.train`` and one or more sub-grids whose lists are crossed::
+A grid file (YAML) names a command of ``agents.train``, optionally plugin modules to import (:mod:`probes.plugins`),
+and one or more sub-grids whose lists are crossed::
 
     command: stream-sin
+    import: [my_plugin]   # optional
     fixed: {steps: 200}
     grids:
       - {act: [elephant, relu], lr: [0.001, 0.0001], seed: [0, 1, 2, 3, 4]}
@@ -47,6 +49,8 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
+from probes.plugins import PluginError, load_plugins
+
 from .commands import ConfigError, get_command, read_yaml
 from .signals import STOP_SIGNALS, handling
 
@@ -63,6 +67,7 @@ class GridRun:
     command: str
     config: dict[str, Any]
     run_dir: Path
+    imports: tuple[str, ...] = ()  # plugin modules the worker imports first
 
     @property
     def status(self) -> str:
@@ -92,9 +97,9 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """All configurations of a grid spec (``fixed`` merged into the cross product of each sub-grid's lists)."""
     if not isinstance(spec, Mapping) or "command" not in spec:
         raise ConfigError("a grid needs a 'command' (e.g. command: stream-sin) and 'grids' (a list of mappings)")
-    unknown = set(spec) - {"command", "fixed", "grids"}
+    unknown = set(spec) - {"command", "fixed", "grids", "import"}
     if unknown:
-        raise ConfigError(f"unknown grid keys {sorted(unknown)}; allowed: command, fixed, grids")
+        raise ConfigError(f"unknown grid keys {sorted(unknown)}; allowed: command, fixed, grids, import")
     fixed = spec.get("fixed") or {}
     grids = spec.get("grids") or [{}]
     if not isinstance(fixed, Mapping) or not isinstance(grids, list) or not all(isinstance(g, Mapping) for g in grids):
@@ -116,8 +121,18 @@ def load_grid(path: str | Path) -> dict[str, Any]:
     return spec
 
 
-def plan(spec: Mapping[str, Any], out: str | Path) -> list[GridRun]:
-    """Validate every configuration and place it in its run directory under ``out``."""
+def plan(spec: Mapping[str, Any], out: str | Path, imports: Sequence[str] = ()) -> list[GridRun]:
+    """Validate every configuration and place it in its run directory under ``out``; plugin modules (``imports``
+    and the grid's ``import`` list) are loaded first, and again by each worker."""
+    listed = (spec.get("import") if isinstance(spec, Mapping) else None) or []
+    listed = [listed] if isinstance(listed, str) else listed
+    if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
+        raise ConfigError(f"'import' must be a module name or a list of them, got {listed!r}")
+    modules = tuple(dict.fromkeys([*listed, *imports]))
+    try:
+        load_plugins(modules)
+    except PluginError as err:
+        raise ConfigError(str(err)) from None
     cmd = get_command(str(spec.get("command")))
     runs, seen = [], set()
     for i, entry in enumerate(expand(spec)):
@@ -129,7 +144,7 @@ def plan(spec: Mapping[str, Any], out: str | Path) -> list[GridRun]:
         if run_dir in seen:
             raise ConfigError(f"grid entry {i} {entry} duplicates the run directory {run_dir}")
         seen.add(run_dir)
-        runs.append(GridRun(cmd.name, config, run_dir))
+        runs.append(GridRun(cmd.name, config, run_dir, modules))
     return runs
 
 
@@ -153,6 +168,7 @@ def execute(run: GridRun) -> dict[str, Any]:
     import torch
 
     with handling(STOP_SIGNALS, _stop_run):
+        load_plugins(run.imports)
         torch.set_num_threads(1)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         for name in (DONE, ERROR):  # a stale or failed run is redone
@@ -338,11 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="root folder of the run directories")
     parser.add_argument("--workers", type=int, default=1, help="parallel local processes")
     parser.add_argument("--backend", choices=["local", "ray"], default="local")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="plugin module to import first, here and in every worker (repeatable; or the grid "
+                             "file's import: list)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished with another "
                                                                 "config) or todo")
     args = parser.parse_args(argv)
     try:
-        runs = plan(load_grid(args.grid), args.out)
+        runs = plan(load_grid(args.grid), args.out, args.imports)
         if args.dry_run:
             return _dry_run(runs)
         status = Counter(r.status for r in runs)

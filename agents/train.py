@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+from probes.plugins import PluginError, load_plugins
+
 from .commands import ConfigError, commands, get_command
 
 __all__ = ["main", "build_parser"]
@@ -17,6 +19,9 @@ __all__ = ["main", "build_parser"]
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The CLI parser; only the ``selected`` command's module is imported (the others list their name)."""
     parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
+    parser.add_argument("--import", dest="plugins", action="append", metavar="MODULE",
+                        help="import a plugin module first (its activations, probes, commands); repeatable, "
+                             "allowed anywhere on the command line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in commands():
         if name != selected:
@@ -31,12 +36,32 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(modules named by ``--import M`` or ``--import=M``, the other arguments), so that plugins are loaded
+    before the parser lists activations, probes and commands."""
+    modules, rest, it = [], [], iter(argv)
+    for arg in it:
+        if arg == "--import":
+            modules.append(next(it, ""))
+        elif arg.startswith("--import="):
+            modules.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+    return modules, rest
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    modules, argv = split_imports(sys.argv[1:] if argv is None else list(argv))
+    try:
+        load_plugins(modules)
+    except PluginError as err:
+        print(f"python -m agents.train: error: {err}", file=sys.stderr)
+        return 2
     parser = build_parser(next((a for a in argv if a in commands()), None))
     namespace, unknown = parser.parse_known_args(argv)
     args = vars(namespace)
     name, out = args.pop("command"), args.pop("out")
+    args.pop("plugins", None)
     command_parser = args.pop("command_parser")
     if unknown:  # with the command's usage and the nearest of its flags
         near = difflib.get_close_matches(unknown[0], re.findall(r"--[\w-]+", command_parser.format_usage()), n=1)

@@ -2,15 +2,18 @@
 
 ``probes.runlog`` (file layout, writer, reader) <- ``probes.probe`` (the API) <- ``probes.builtin``
 (gradcov, ntk, outputs, sparsity, weights) <- ``probes.runner`` (plain training loops) and ``probes.sb3``
-(Stable-Baselines3 callback). Import the SB3 adapter from ``probes.sb3``.
+(Stable-Baselines3 callback). Import the SB3 adapter from ``probes.sb3``. ``probes.schema`` declares what each
+probe's fields mean (reports read it); ``probes.plugins`` loads users' plugin modules.
 """
 
-from .builtin import PROBES, GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe, make_probe
+from .builtin import (PROBES, GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe, make_probe,
+                      register_probe)
 from .probe import Probe, ProbeContext
 from .runlog import Field, Run, RunLog, RunLogError, find_runs, read_run
 from .runner import ProbeRunner
+from .schema import FieldDoc, ProbeSchema
 
 __all__ = [
-    "PROBES", "Field", "GradCovProbe", "NTKProbe", "OutputsProbe", "Probe", "ProbeContext", "ProbeRunner", "Run", "RunLog",
-    "RunLogError", "SparsityProbe", "WeightsProbe", "find_runs", "make_probe", "read_run",
+    "PROBES", "Field", "FieldDoc", "GradCovProbe", "NTKProbe", "OutputsProbe", "Probe", "ProbeContext", "ProbeRunner", "ProbeSchema", "Run", "RunLog",
+    "RunLogError", "SparsityProbe", "WeightsProbe", "find_runs", "make_probe", "read_run", "register_probe",
 ]

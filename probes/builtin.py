@@ -16,8 +16,10 @@ from interference.sparsity import dormant_units, representation_sparsity, satura
 
 from .probe import Probe, ProbeContext
 from .runlog import Field
+from .schema import FieldDoc, ProbeSchema
 
-__all__ = ["GradCovProbe", "NTKProbe", "OutputsProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "activation_modules"]
+__all__ = ["GradCovProbe", "NTKProbe", "OutputsProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "register_probe",
+           "activation_modules"]
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -32,6 +34,12 @@ class GradCovProbe(Probe):
     """
 
     name = "gradcov"
+    schema = ProbeSchema("Gradient covariance", {
+        "*_offdiag_mean": FieldDoc("mean off-diagonal C_ij of one loss", axes=(), plot="curve"),
+        "*_negative_fraction": FieldDoc("fraction of negative off-diagonal C_ij (interference)", plot="curve"),
+        "*": FieldDoc("gradient covariance C_ij of k training samples under one loss (field name: the loss)",
+                      axes=("sample", "sample"), plot="heatmap"),
+    })
 
     def __init__(self, k: int = 32, every: int | None = 1000, at: Sequence[int] = ()) -> None:
         super().__init__(every, at)
@@ -73,6 +81,11 @@ class NTKProbe(Probe):
     """
 
     name = "ntk"
+    schema = ProbeSchema("NTK", {
+        "kernel": FieldDoc("empirical NTK on the probe inputs, (N, N) (or (N, N, O, O)); against the sample being "
+                           "learned: NTK(x_i, x_t), (N,)", axes=("input", "input"), plot="heatmap"),
+        "x_t": FieldDoc("the sample being learned", plot="none"),
+    })
 
     def __init__(self, every: int | None = 1000, at: Sequence[int] = (), *,
                  output: Literal["trace", "full"] = "trace", against: Literal["inputs", "current"] = "inputs",
@@ -125,6 +138,8 @@ class OutputsProbe(Probe):
     """The model's outputs on the fixed probe inputs, ``(N, O)`` (the learned function, Q-values, ...)."""
 
     name = "outputs"
+    schema = ProbeSchema("Outputs", {"y": FieldDoc("the model's outputs on the fixed probe inputs",
+                                                   axes=("input", "output"), plot="none")})
 
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:
         if ctx.inputs is None:
@@ -164,6 +179,16 @@ class SparsityProbe(Probe):
     """
 
     name = "sparsity"
+    schema = ProbeSchema("Sparsity and dormancy", {
+        "activation_sparsity": FieldDoc("fraction of outputs with |phi| <= eps", "fraction", ("layer",),
+                                        "per_layer", "layers"),
+        "gradient_sparsity": FieldDoc("fraction of derivatives with |phi'| <= eps", "fraction", ("layer",),
+                                      "per_layer", "layers"),
+        "dormant": FieldDoc("fraction of dormant units (mean |phi| / layer mean <= tau)", "fraction", ("layer",),
+                            "per_layer", "layers"),
+        "saturated": FieldDoc("fraction of units with |phi'| <= eps on every probe input", "fraction", ("layer",),
+                              "per_layer", "layers"),
+    })
 
     def __init__(self, every: int | None = 1000, at: Sequence[int] = (), *, eps: float = 1e-3, tau: float = 0.0,
                  layers: Sequence[str] | None = None) -> None:
@@ -237,6 +262,14 @@ class WeightsProbe(Probe):
     min, max), in fields ``<activation>_<parameter>`` (``elephant_h``), layers in the setting ``<activation>_layers``."""
 
     name = "weights"
+    schema = ProbeSchema("Weights", {
+        "param_norm": FieldDoc("norm of each trainable parameter tensor", "L2 norm", ("parameter",), "per_layer",
+                               "parameters"),
+        "grad_norm": FieldDoc("norm of each parameter's current gradient", "L2 norm", ("parameter",), "per_layer",
+                              "parameters"),
+        "*": FieldDoc("a per-unit parameter of an activation's layers (<activation>_<parameter>)",
+                      axes=("layer", "mean/min/max"), plot="none"),
+    })
 
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:
         self.names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
@@ -273,8 +306,19 @@ class WeightsProbe(Probe):
 PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe)}
 
 
+def register_probe(cls: type[Probe], *, replace: bool = False) -> type[Probe]:
+    """Make probe class ``cls`` available by its ``name`` to every CLI (``--probe NAME``); usable as a class
+    decorator in a plugin module. ``cls`` should declare a :class:`~probes.schema.ProbeSchema` for reports."""
+    if not (isinstance(cls, type) and issubclass(cls, Probe)) or cls.name == Probe.name:
+        raise ValueError(f"register_probe takes a Probe subclass with its own name, got {cls!r}")
+    if cls.name in PROBES and PROBES[cls.name] is not cls and not replace:
+        raise ValueError(f"probe {cls.name!r} is registered already (pass replace=True to redefine it)")
+    PROBES[cls.name] = cls
+    return cls
+
+
 def make_probe(name: str, **kwargs: Any) -> Probe:
-    """Build a built-in probe by name (``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``)."""
+    """Build a registered probe by name (built-in: ``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``)."""
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose from {', '.join(sorted(PROBES))}")
     return PROBES[name](**kwargs)

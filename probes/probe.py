@@ -1,6 +1,6 @@
 """The probe API: what a probe declares, when it runs, and what it computes from.
 
-A probe has a name, a cadence (``every`` N steps and/or chosen steps ``at``), declares its fields (dataset
+A probe has a name, a schema (what its fields mean, :mod:`probes.schema`), a cadence (``every`` N steps and/or chosen steps ``at``), declares its fields (dataset
 names, per-record shapes, dtypes) before the run starts, and computes one record from a :class:`ProbeContext`.
 :meth:`Probe.on_step` does the bookkeeping; subclasses implement :meth:`Probe.fields` and :meth:`Probe.compute`.
 """
@@ -18,6 +18,7 @@ from interference.gradcov import LossFn
 from interference.gram import Batch
 
 from .runlog import Field, RunLog
+from .schema import ProbeSchema
 
 __all__ = ["ProbeContext", "Probe"]
 
@@ -55,6 +56,8 @@ class Probe:
     miss a record."""
 
     name: str = "probe"
+    #: what the fields mean and how reports plot them (undeclared fields are plotted by their shape)
+    schema: ProbeSchema | None = None
 
     def __init__(self, every: int | None = 1000, at: Sequence[int] = ()) -> None:
         if every is not None and (not isinstance(every, int) or every <= 0):

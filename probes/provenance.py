@@ -32,8 +32,11 @@ def provenance() -> dict:
       - ``git_dirty``: whether tracked files differ from that commit (``None`` if unknown);
       - ``hostname``, ``platform`` (``platform.platform()``);
       - ``time_utc``: ISO 8601 UTC timestamp, seconds resolution;
-      - ``argv``: ``sys.argv`` as a list.
+      - ``argv``: ``sys.argv`` as a list;
+      - ``plugins``: ``{module: file}`` of the plugin modules loaded (:mod:`probes.plugins`).
     """
+    from .plugins import loaded_plugins
+
     commit, dirty = _git_state(Path(__file__).resolve().parent)
     return {
         "versions": {"python": platform.python_version(), **_package_versions()},
@@ -43,6 +46,7 @@ def provenance() -> dict:
         "platform": platform.platform(),
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
+        "plugins": loaded_plugins(),
     }
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from .probe import Probe, ProbeContext
 from .runlog import Field, RunLog
+from .schema import FieldDoc, ProbeSchema
 
 __all__ = ["ProbeRunner", "frozen_noise", "INPUTS"]
 
@@ -38,6 +39,9 @@ def frozen_noise(model: nn.Module) -> Iterator[None]:
                 m.train()
 
 
+INPUTS_SCHEMA = ProbeSchema("Probe inputs", {"x": FieldDoc("the fixed probe inputs, logged once", plot="none")})
+
+
 class ProbeRunner:
     """Owns a run's probes and its :class:`~probes.runlog.RunLog`.
 
@@ -60,9 +64,11 @@ class ProbeRunner:
         schema = {p.name: p.fields(example) for p in self.probes}
         if example.inputs is not None:
             schema[INPUTS] = {"x": Field(tuple(example.inputs.shape), "float32")}
+        docs = {p.name: p.schema.to_json() for p in self.probes if p.schema is not None}
+        docs[INPUTS] = INPUTS_SCHEMA.to_json()
         self.log = RunLog(path, config=config, seed=seed, probes=schema, scalars=scalars, device=device,
-                          probe_settings={p.name: p.settings() for p in self.probes}, extra_attrs=extra_attrs,
-                          overwrite=overwrite)
+                          probe_settings={p.name: p.settings() for p in self.probes},
+                          extra_attrs={"probe_schema": docs, **dict(extra_attrs or {})}, overwrite=overwrite)
         self._inputs_logged = False
 
     def due(self, step: int) -> bool:

@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 
 from probes.runlog import RUN_END, Run
+from probes.schema import FieldDoc, ProbeSchema, default_doc
 
 __all__ = [
     "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "config_key", "config_labels", "group_by_config",
     "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
     "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
-    "probe_inputs", "SPARSITY_FIELDS",
+    "probe_inputs", "SPARSITY_FIELDS", "probe_schema", "field_doc", "probe_fields",
 ]
 
 SPARSITY_FIELDS = ("activation_sparsity", "gradient_sparsity", "dormant", "saturated")
@@ -353,3 +354,41 @@ def probe_inputs(run: Run) -> np.ndarray | None:
 def ntk_matrix(kernel: np.ndarray) -> np.ndarray:
     """An ``(N, N)`` kernel as is; an ``(N, N, O, O)`` one traced over its outputs."""
     return np.trace(kernel, axis1=2, axis2=3) if kernel.ndim == 4 else kernel
+
+
+# --- what a probe's fields mean -------------------------------------------------------
+
+
+def probe_schema(run: Run, probe: str) -> ProbeSchema:
+    """The schema of ``probe``: the one stored in the run log; for logs written before schemas were stored, the
+    registered probe's (:data:`probes.PROBES`); else an empty one titled by the probe's name."""
+    stored = run.attrs.get("probe_schema", {}).get(probe)
+    if stored:
+        try:
+            return ProbeSchema.from_json(stored)
+        except ValueError:
+            warnings.warn(f"{run.path}: the stored schema of probe {probe!r} is unreadable; using the registry's")
+    from probes import PROBES  # imports torch: only for old logs
+
+    cls = PROBES.get(probe)
+    return cls.schema if cls is not None and cls.schema is not None else ProbeSchema(probe)
+
+
+def field_doc(run: Run, probe: str, field: str) -> FieldDoc:
+    """The doc of one probe field: declared in its schema, or by its per-record shape (:func:`default_doc`)."""
+    doc = probe_schema(run, probe).doc(field)
+    if doc is None:
+        values = run.probes.get(probe, {}).get(field)
+        doc = default_doc(tuple(values.shape[1:]) if values is not None else ())
+    return doc
+
+
+def probe_fields(runs: Iterable[Run]) -> dict[str, list[str]]:
+    """``{probe: [field, ...]}`` over ``runs`` in first-seen order (``step`` and the probe inputs left out)."""
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        for probe, columns in run.probes.items():
+            if probe != "inputs":
+                names = out.setdefault(probe, [])
+                names += [f for f in columns if f != "step" and f not in names]
+    return out

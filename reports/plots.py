@@ -95,21 +95,28 @@ def gradcov_heatmaps(panels: Mapping[str, Sequence[Record]], loss: str) -> Figur
 def ntk_matrices(panels: Mapping[str, Sequence[Record]]) -> Figure:
     """Empirical NTK on the probe inputs, ``(N, N)`` (``(N, N, O, O)`` kernels traced over outputs): one row
     per group, one panel per record, each with symmetric color limits ``± max |K|`` and its own colorbar."""
+    traced = {label: [Record(r.step, r.target, r.seed, ntk_matrix(r.value)) for r in records]
+              for label, records in panels.items()}
+    return heatmaps(traced, "Empirical NTK on the probe inputs", ("input i", "input j"))
+
+
+def heatmaps(panels: Mapping[str, Sequence[Record]], title: str, axes_names: Sequence[str] = ("i", "j")) -> Figure:
+    """Matrices ``(M, M')``: one row per group, one panel per record, each with symmetric color limits
+    ``± max |value|`` and its own colorbar; ``axes_names`` label the rows and columns."""
     n_cols = max((len(records) for records in panels.values()), default=0)
     if n_cols == 0:
-        raise ValueError("ntk_matrices: no records to plot")
+        raise ValueError("heatmaps: no records to plot")
     fig, axes = _grid(len(panels), n_cols)
     for row, (label, records) in zip(axes, panels.items()):
         for ax, record in zip(row, records):
-            kernel = ntk_matrix(record.value)
-            limit = float(np.nanmax(np.abs(kernel))) or 1.0
+            limit = float(np.nanmax(np.abs(record.value))) or 1.0
             ax.set_axis_on()
-            image = ax.imshow(kernel, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
+            image = ax.imshow(record.value, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
             fig.colorbar(image, ax=ax, shrink=0.8)
             ax.set_title(f"{_wrap(label)}\nstep {record.step} (seed {record.seed})", fontsize=8)
-            ax.set_xlabel("input j", fontsize=8)
-            ax.set_ylabel("input i", fontsize=8)
-    fig.suptitle("Empirical NTK on the probe inputs")
+            ax.set_xlabel(axes_names[1], fontsize=8)
+            ax.set_ylabel(axes_names[0], fontsize=8)
+    fig.suptitle(title)
     return fig
 
 
@@ -138,9 +145,11 @@ def ntk_vectors(panels: Mapping[str, Sequence[CurrentNTK]]) -> Figure:
     return fig
 
 
-def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str = "") -> Figure:
+def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str = "", *,
+                 ylabel: str = "fraction", ylim: tuple[float, float] | None = (-0.02, 1.02)) -> Figure:
     """Per-layer fields over time, ``{field: Series}`` with values ``(R, T, L)``: one subplot per field, one
-    line per layer (mean over runs), y axis the fraction in [0, 1]; two subplots per row."""
+    line per layer (mean over runs), y axis ``ylabel`` within ``ylim`` (default: a fraction in [0, 1]; None:
+    automatic); two subplots per row."""
     n_cols = min(2, len(series))
     n_rows = -(-len(series) // n_cols)
     fig = Figure(figsize=(_LINE_W_IN * n_cols, _LINE_H_IN * n_rows), layout="constrained")
@@ -151,9 +160,10 @@ def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str
         mean = s.mean
         for i, layer in enumerate(layers):
             ax.plot(s.steps, mean[:, i], marker=".", label=layer)
-        ax.set_ylim(-0.02, 1.02)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
         ax.set_xlabel("step")
-        ax.set_ylabel("fraction")
+        ax.set_ylabel(ylabel)
         ax.set_title(name.replace("_", " "), fontsize=9)
     axes[0].legend(fontsize=7)
     if title:
