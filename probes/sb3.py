@@ -31,6 +31,7 @@ from gymnasium import spaces
 from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -38,7 +39,7 @@ from .probe import Probe, ProbeContext
 from .runlog import RUN_END
 from .runner import ProbeRunner
 
-__all__ = ["ProbeCallback", "probe_context"]
+__all__ = ["ProbeCallback", "probe_context", "dqn_context", "ppo_context", "sac_context"]
 
 SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate", "run_end")
 LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
@@ -57,7 +58,7 @@ def _replay_sampler(algo: BaseAlgorithm, rng: np.random.Generator) -> Callable[[
     return sample
 
 
-def _dqn_context(algo: DQN, rng: np.random.Generator) -> dict[str, Any]:
+def dqn_context(algo: DQN, rng: np.random.Generator) -> dict[str, Any]:
     huber = getattr(algo, "td_loss", "huber") != "mse"
     raw = _replay_sampler(algo, rng)
 
@@ -77,7 +78,7 @@ def _dqn_context(algo: DQN, rng: np.random.Generator) -> dict[str, Any]:
     return {"model": algo.q_net, "losses": {"td": td}, "sample": sample}
 
 
-def _ppo_context(algo: PPO, rng: np.random.Generator) -> dict[str, Any]:
+def ppo_context(algo: PPO, rng: np.random.Generator) -> dict[str, Any]:
     buf = algo.rollout_buffer
     discrete = isinstance(algo.action_space, spaces.Discrete)
 
@@ -114,7 +115,7 @@ def _ppo_context(algo: PPO, rng: np.random.Generator) -> dict[str, Any]:
     return {"model": algo.policy, "losses": {"actor": actor, "critic": critic}, "sample": sample, "forward": forward}
 
 
-def _sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
+def sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
     raw = _replay_sampler(algo, rng)
     policy = algo.policy
 
@@ -162,12 +163,21 @@ def _sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
-def probe_context(algo: BaseAlgorithm, rng: np.random.Generator, inputs: Tensor | None, step: int) -> ProbeContext:
-    """The probe context of a DQN, PPO or SAC instance (subclasses included)."""
-    for cls, build in ((DQN, _dqn_context), (PPO, _ppo_context), (SAC, _sac_context)):
-        if isinstance(algo, cls):
-            return ProbeContext(step=step, inputs=inputs, **build(algo, rng))
-    raise TypeError(f"no probe adapter for {type(algo).__name__}; supported: DQN, PPO, SAC and their subclasses")
+#: ``(algorithm, rng) -> ProbeContext fields``: what the probes see of one algorithm
+ContextBuilder = Callable[[BaseAlgorithm, np.random.Generator], dict[str, Any]]
+
+
+def probe_context(algo: BaseAlgorithm, rng: np.random.Generator, inputs: Tensor | None, step: int,
+                  build: ContextBuilder | None = None) -> ProbeContext:
+    """The probe context of ``algo`` from ``build`` (default: the adapter of SB3's DQN, PPO or SAC that ``algo``
+    is an instance of)."""
+    if build is None:
+        build = next((b for cls, b in ((DQN, dqn_context), (PPO, ppo_context), (SAC, sac_context))
+                      if isinstance(algo, cls)), None)
+        if build is None:
+            raise TypeError(f"no probe adapter for {type(algo).__name__}; pass context= to ProbeCallback (supported "
+                            "without one: DQN, PPO, SAC and their subclasses)")
+    return ProbeContext(step=step, inputs=inputs, **build(algo, rng))
 
 
 class ProbeCallback(BaseCallback):
@@ -184,12 +194,14 @@ class ProbeCallback(BaseCallback):
             recorded.
         end_status: called when training ends, one of :data:`probes.runlog.RUN_END`, written as the ``run_end``
             scalar (default: ``"finished"`` if the run reached its ``total_timesteps``, else ``"interrupted"``).
+        context: builds the algorithm's probe context (model, per-sample losses, sampler); default: the adapter
+            of SB3's DQN, PPO or SAC (:func:`probe_context`).
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],
                  seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None,
                  loss_every: int | None = None, end_status: Callable[[], str] | None = None,
-                 verbose: int = 0) -> None:
+                 context: ContextBuilder | None = None, verbose: int = 0) -> None:
         super().__init__(verbose)
         self.probes = list(probes)
         self.path = os.fspath(path)
@@ -200,6 +212,7 @@ class ProbeCallback(BaseCallback):
         self.inputs: Tensor | None = None
         self.loss_every = loss_every
         self.end_status = end_status
+        self.context = context
         self._next_loss = 0
         self._probed = False
         self._n_updates = 0
@@ -210,14 +223,14 @@ class ProbeCallback(BaseCallback):
         space = self.model.observation_space
         example_inputs = torch.as_tensor(np.stack([space.sample() for _ in range(self.n_inputs)]),
                                          device=self.model.device)
-        example = probe_context(self.model, self.rng, example_inputs, step=0)
+        example = probe_context(self.model, self.rng, example_inputs, step=0, build=self.context)
         self.runner = ProbeRunner(self.probes, self.path, example=example, config=self.config, seed=self.seed,
                                   scalars=SCALARS, device=str(self.model.device), extra_attrs=self.extra_attrs)
         self._n_updates = self.model._n_updates
 
     def _observations(self) -> Tensor | None:
         """``n_inputs`` observations from what the agent has stored so far (None until there are enough)."""
-        if isinstance(self.model, PPO):
+        if isinstance(self.model, OnPolicyAlgorithm):
             buf = self.model.rollout_buffer
             obs = buf.observations.reshape(-1, *buf.obs_shape)
             stored = buf.buffer_size * buf.n_envs if buf.full else buf.pos * buf.n_envs
@@ -238,12 +251,12 @@ class ProbeCallback(BaseCallback):
             if episode is not None:
                 self.runner.scalar("episode_return", step, episode["r"])
                 self.runner.scalar("episode_length", step, episode["l"])
-        if not isinstance(self.model, PPO):
+        if not isinstance(self.model, OnPolicyAlgorithm):
             self._probe(step)
         return True
 
     def _on_rollout_end(self) -> None:
-        if isinstance(self.model, PPO):
+        if isinstance(self.model, OnPolicyAlgorithm):
             self._probe(self.num_timesteps)
 
     def _on_rollout_start(self) -> None:
@@ -289,7 +302,7 @@ class ProbeCallback(BaseCallback):
                 self.inputs = self._observations()
                 if self.inputs is None:
                     return
-            ctx = probe_context(self.model, self.rng, self.inputs, step)
+            ctx = probe_context(self.model, self.rng, self.inputs, step, build=self.context)
             self.runner.on_step(ctx)
         finally:
             np.random.set_state(state)

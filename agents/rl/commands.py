@@ -1,4 +1,5 @@
-"""``python -m agents.train {dqn,ppo,sac}``: the RL commands (the :class:`agents.commands.Command` protocol)."""
+"""``python -m agents.train {dqn,ppo,sac}``: the RL commands (the :class:`agents.commands.Command` protocol), one per
+declaration in :mod:`agents.rl.algos`."""
 
 from __future__ import annotations
 
@@ -9,26 +10,10 @@ from typing import Any
 
 from interference.activation_spec import ActArg, activation_names, activation_spec
 
-from .config import DEFAULT_ENV, resolve, run_tag
+from .algos import ALGOS
+from .config import resolve, run_tag
 
 __all__ = ["RLCommand", "COMMANDS"]
-
-_HELP = {
-    "d": "Elephant slope exponent d",
-    "h": "Elephant height h (initial value; learnable unless --no-learnable)",
-    "a": "Elephant half-width a (initial value; learnable unless --no-learnable)",
-    "learnable": "learn Elephant's h and a per unit (the paper's setting)",
-    "k": "group size of Maxout/LWTA, number of tiles of FTA",
-    "bound": "FTA tiles cover [-bound, bound]",
-    "eta": "FTA fuzziness (default: the tile width)",
-    "alpha": "ELU alpha",
-}
-
-_HELP = {
-    "dqn": "DQN (SB3) with a chosen activation; defaults: the paper's classic-control DQN, or its Atari DQN for ALE ids",
-    "ppo": "PPO (SB3) with a chosen activation in the actor and critic MLPs (or the Nature CNN's 512 layer)",
-    "sac": "SAC (SB3) with a chosen activation in the actor and both critics",
-}
 
 _EPILOG = """\
 Settings come from agents/hyperparams/{algo}.yml (`default`, `atari` for ALE ids, then the env's entry), then
@@ -72,20 +57,21 @@ class RLCommand:
 
     def __init__(self, algo: str) -> None:
         self.name = algo
-        self.help = _HELP[algo]
+        self.help = ALGOS[algo].help
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         algo = self.name
         parser.formatter_class = _Formatter
-        parser.epilog = _EPILOG.format(algo=algo, env=DEFAULT_ENV[algo])
+        spec = ALGOS[algo]
+        parser.epilog = _EPILOG.format(algo=algo, env=spec.default_env)
         S = argparse.SUPPRESS  # unset flags stay out of the values: the YAML files supply the defaults
         g = parser.add_argument_group("environment and training")
         g.add_argument("--env", default=S, metavar="ENV",
                        help=f"Gymnasium id, Catcher-PLE-v0 / Pixelcopter-PLE-v0, or an Atari id such as ALE/Amidar-v5 "
-                            f"(default: {DEFAULT_ENV[algo]})")
+                            f"(default: {spec.default_env})")
         g.add_argument("--steps", type=_int, default=S, metavar="N", help="env steps to train (default: per env)")
         g.add_argument("--lr", type=float, default=S, metavar="X", help="learning rate (default: per env)")
-        if algo in ("dqn", "sac"):
+        if "buffer_size" in spec.settings:
             g.add_argument("--buffer-size", dest="buffer_size", type=_int, default=S, metavar="N",
                            help="replay buffer size in transitions (paper's classic study: 32 ... 10000)")
         g.add_argument("--batch-size", dest="batch_size", type=_int, default=S, metavar="N", help="minibatch size")
@@ -146,4 +132,4 @@ class RLCommand:
         return train(config, run_dir)
 
 
-COMMANDS: dict[str, RLCommand] = {algo: RLCommand(algo) for algo in ("dqn", "ppo", "sac")}
+COMMANDS: dict[str, RLCommand] = {algo: RLCommand(algo) for algo in ALGOS}

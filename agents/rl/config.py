@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -30,14 +30,13 @@ from agents.commands import ConfigError, read_yaml
 from interference.activation_spec import activation_names, activation_spec
 from interference.nets import match_width
 
+from . import checks as c
+from .algos import ALGOS
 from .envs import check_env_id, env_spaces, is_atari
-from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy, cnn_flat_features
+from .policies import cnn_flat_features
 
-__all__ = ["ALGOS", "ALIASES", "act_args", "DEFAULT_ENV", "OPTIMIZERS", "resolve", "hyperparams", "run_tag",
-           "algo_kwargs", "RUNTIME_KEYS"]
+__all__ = ["ALIASES", "act_args", "OPTIMIZERS", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
 
-ALGOS = ("dqn", "ppo", "sac")
-DEFAULT_ENV = {"dqn": "MountainCar-v0", "ppo": "CartPole-v1", "sac": "Pendulum-v1"}
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
 
 #: flag names -> config keys
@@ -56,181 +55,25 @@ RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "torch_threa
                 "probe_kwargs", "probe_inputs", "derived")
 
 
-# --- value checks ---------------------------------------------------------------------------------------
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("a number, not a bool")
-    if isinstance(value, str):
-        try:
-            value = float(value)  # PyYAML reads 1e-3 (no dot) as a string
-        except ValueError:
-            raise ValueError("a finite number") from None
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError("a finite number")
-    return value
-
-
-def _int(lo: int | None = None, optional: bool = False) -> Callable[[Any], int | None]:
-    def check(value: Any) -> int | None:
-        if value is None and optional:
-            return None
-        v = _number(value)
-        if float(v) != int(v):
-            raise ValueError("an integer")
-        v = int(v)
-        if lo is not None and v < lo:
-            raise ValueError(f"an integer >= {lo}")
-        return v
-    return check
-
-
-def _float(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False,
-           optional: bool = False) -> Callable[[Any], float | None]:
-    def check(value: Any) -> float | None:
-        if value is None and optional:
-            return None
-        v = float(_number(value))
-        if lo is not None and (v < lo or (open_lo and v == lo)):
-            raise ValueError(f"a number {'>' if open_lo else '>='} {lo:g}")
-        if hi is not None and v > hi:
-            raise ValueError(f"a number <= {hi:g}")
-        return v
-    return check
-
-
-def _bool(optional: bool = False) -> Callable[[Any], bool | None]:
-    def check(value: Any) -> bool | None:
-        if value is None and optional:
-            return None
-        if not isinstance(value, bool):
-            raise ValueError("true or false")
-        return value
-    return check
-
-
-def _choice(*choices: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if str(value).lower() not in choices:
-            raise ValueError(f"one of {', '.join(choices)}")
-        return str(value).lower()
-    return check
-
-
-def _mapping(value: Any) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError("a mapping")
-    return {str(k): v for k, v in value.items()}
-
-
-def _widths(value: Any) -> list[int]:
-    if isinstance(value, str):
-        value = [v for v in value.replace(" ", "").split(",") if v]
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, Sequence):
-        raise ValueError("a list of positive widths, e.g. [1000] or 256,256")
-    return [_int(1)(v) for v in value]
-
-
-def _net_arch(value: Any) -> list[int] | dict[str, list[int]]:
-    if isinstance(value, Mapping):
-        return {str(k): _widths(v) for k, v in value.items()}
-    return _widths(value)
-
-
-def _names(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [v for v in value.replace(" ", "").split(",") if v]
-    if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
-        raise ValueError("a list of names, e.g. gradcov,ntk")
-    return list(dict.fromkeys(value))
-
-
-def _device(value: Any) -> str:
-    value = str(value)
-    if value == "auto":
-        return value
-    try:
-        dev = torch.device(value)
-    except RuntimeError:
-        raise ValueError("cpu, cuda, cuda:N or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("a device this machine has (no CUDA device is available)")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError("cpu, cuda, cuda:N or auto")
-    return value
-
-
-def _ent_coef(value: Any) -> str | float:
-    if isinstance(value, str) and value.startswith("auto"):
-        if value != "auto":
-            _float(0.0, open_lo=True)(value[5:])
-        return value
-    return _float(0.0)(value)
-
-
-def _target_entropy(value: Any) -> str | float:
-    return value if value == "auto" else _float()(value)
-
-
-_COMMON: dict[str, Callable[[Any], Any]] = {
-    "env": str, "seed": _int(0), "device": _device, "n_timesteps": _int(1),
-    "act": str, "act_kwargs": _mapping, "sigma_bias": _float(0.0, optional=True), "layer_norm": _bool(True),
-    "net_arch": _net_arch, "match_width": _bool(), "features_dim": _int(1), "activations": _mapping,
-    "learning_rate": _float(0.0, open_lo=True), "lr_schedule": _choice("constant", "linear"),
-    "optimizer": _choice(*OPTIMIZERS), "optimizer_kwargs": _mapping, "gamma": _float(0.0, 1.0),
-    "batch_size": _int(1), "max_grad_norm": _float(0.0, open_lo=True, optional=True),
-    "n_envs": _int(1), "max_episode_steps": _int(1, optional=True), "env_kwargs": _mapping,
-    "frame_stack": _int(1), "atari_wrapper_kwargs": _mapping, "policy_kwargs": _mapping,
-    "probe": _names, "probe_every": _int(1, optional=True), "probe_kwargs": _mapping, "probe_inputs": _int(1),
-    "torch_threads": _int(1, optional=True), "progress": _bool(True),
+_COMMON: dict[str, c.Check] = {
+    "env": str, "seed": c.integer(0), "device": c.device, "n_timesteps": c.integer(1),
+    "act": str, "act_kwargs": c.mapping, "sigma_bias": c.real(0.0, optional=True), "layer_norm": c.boolean(True),
+    "net_arch": c.net_arch, "match_width": c.boolean(), "features_dim": c.integer(1), "activations": c.mapping,
+    "learning_rate": c.real(0.0, open_lo=True), "lr_schedule": c.choice("constant", "linear"),
+    "optimizer": c.choice(*OPTIMIZERS), "optimizer_kwargs": c.mapping, "gamma": c.real(0.0, 1.0),
+    "batch_size": c.integer(1), "max_grad_norm": c.real(0.0, open_lo=True, optional=True),
+    "n_envs": c.integer(1), "max_episode_steps": c.integer(1, optional=True), "env_kwargs": c.mapping,
+    "frame_stack": c.integer(1), "atari_wrapper_kwargs": c.mapping, "policy_kwargs": c.mapping,
+    "probe": c.names, "probe_every": c.integer(1, optional=True), "probe_kwargs": c.mapping, "probe_inputs": c.integer(1),
+    "torch_threads": c.integer(1, optional=True), "progress": c.boolean(True),
 }
-_ALGO: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "dqn": {
-        "buffer_size": _int(1), "learning_starts": _int(0), "train_freq": _int(1), "gradient_steps": _int(1),
-        "target_update_interval": _int(1), "exploration_initial_eps": _float(0.0, 1.0),
-        "exploration_final_eps": _float(0.0, 1.0), "exploration_steps": _int(0, optional=True),
-        "exploration_fraction": _float(0.0, 1.0, open_lo=True), "td_loss": _choice("mse", "huber"),
-        "n_steps": _int(1), "tau": _float(0.0, 1.0, open_lo=True),
-    },
-    "ppo": {
-        "n_steps": _int(2), "n_epochs": _int(1), "gae_lambda": _float(0.0, 1.0),
-        "clip_range": _float(0.0, open_lo=True), "ent_coef": _float(), "vf_coef": _float(0.0),
-        "normalize_advantage": _bool(), "target_kl": _float(0.0, open_lo=True, optional=True),
-    },
-    "sac": {
-        "buffer_size": _int(1), "learning_starts": _int(0), "tau": _float(0.0, 1.0, open_lo=True),
-        "train_freq": _int(1), "gradient_steps": _int(1), "ent_coef": _ent_coef,
-        "target_update_interval": _int(1), "target_entropy": _target_entropy,
-    },
-}
-#: config keys passed as they are to the SB3 algorithm's constructor
-_SB3_KEYS = {
-    "dqn": ("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
-            "n_steps", "target_update_interval", "exploration_fraction", "exploration_initial_eps",
-            "exploration_final_eps", "max_grad_norm", "td_loss", "exploration_steps"),
-    "ppo": ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "normalize_advantage",
-            "ent_coef", "vf_coef", "max_grad_norm", "target_kl"),
-    "sac": ("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
-            "ent_coef", "target_update_interval", "target_entropy"),
-}
-# PPO clips gradients with max_grad_norm and has no "none"
-_REQUIRED = {"ppo": ("max_grad_norm",)}
-
-
 def algo_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     """The SB3 constructor arguments of a resolved config."""
-    return {k: config[k] for k in _SB3_KEYS[config["algo"]] if k in config}
+    return {k: config[k] for k in ALGOS[config["algo"]].sb3_keys if k in config}
 
 
-def _checks(algo: str) -> dict[str, Callable[[Any], Any]]:
-    return {**_COMMON, **_ALGO[algo]}
+def _checks(algo: str) -> dict[str, c.Check]:
+    return {**_COMMON, **ALGOS[algo].settings}
 
 
 # --- YAML files -----------------------------------------------------------------------------------------
@@ -329,7 +172,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     if "act" in flags and "act" in from_file and str(flags["act"]).lower() != str(from_file["act"]).lower():
         # a saved run's config reused with another activation: its activation settings belong to the old one
         from_file = {k: v for k, v in from_file.items() if k not in ACTIVATION_KEYS}
-    env = str(flags.get("env", from_file.get("env", DEFAULT_ENV[algo])))
+    env = str(flags.get("env", from_file.get("env", ALGOS[algo].default_env)))
     if (msg := check_env_id(env)) is not None:
         raise ConfigError(msg)
     table = hyperparams(algo)
@@ -357,7 +200,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
             config[key] = checks[key](value)
         except (ValueError, TypeError) as err:
             raise ConfigError(f"{key} must be {err}, got {value!r}") from None
-    for key in _REQUIRED.get(algo, ()):
+    for key in ALGOS[algo].required:
         if config.get(key) is None:
             raise ConfigError(f"{algo} needs {key}")
 
@@ -375,7 +218,6 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     return _ordered(algo, config)
 
 
-_POLICIES = {"dqn": ActDQNPolicy, "ppo": ActActorCriticPolicy, "sac": ActSACPolicy}
 _SET_BY_US = {"observation_space", "action_space", "lr_schedule"}  # SB3 passes these to every policy
 # policy arguments that the config's own keys set (run.policy_kwargs would silently override them)
 _FROM_CONFIG = {"activation": "act", "activation_fn": "act", "act_kwargs": "act_kwargs", "layer_norm": "layer_norm",
@@ -401,7 +243,7 @@ def _check_policy_kwargs(algo: str, policy_kwargs: Mapping[str, Any]) -> None:
     if owned:
         keys = ", ".join(sorted({_FROM_CONFIG[k] for k in owned}))
         raise ConfigError(f"policy_kwargs {owned} come from the config; set {keys} instead")
-    allowed = _keyword_arguments(_POLICIES[algo]) - _SET_BY_US - set(_FROM_CONFIG)
+    allowed = _keyword_arguments(ALGOS[algo].policy) - _SET_BY_US - set(_FROM_CONFIG)
     unknown = sorted(set(policy_kwargs) - allowed)
     if unknown:
         raise ConfigError(f"policy_kwargs: the {algo} policy does not take {unknown}; it takes "
@@ -415,9 +257,9 @@ def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], fr
     except ValueError as err:
         raise ConfigError(str(err)) from None
     act = spec.name
-    table = _mapping((config.get("activations") or {}).get(act))
+    table = c.mapping((config.get("activations") or {}).get(act))
     table_sigma, table_ln = table.pop("sigma_bias", None), table.pop("layer_norm", None)
-    act_kwargs = {**table, **_mapping(config.get("act_kwargs")), **act_flags}
+    act_kwargs = {**table, **c.mapping(config.get("act_kwargs")), **act_flags}
     if "num_units" in act_kwargs:
         raise ConfigError("num_units is set from the layer width; leave it out")
     try:
@@ -435,8 +277,8 @@ def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], fr
     ln = config.get("layer_norm") if "layer_norm" in given or table_ln is None else table_ln
     config["act"] = act
     config["act_kwargs"] = act_kwargs
-    config["sigma_bias"] = _float(0.0, optional=True)(sigma)
-    config["layer_norm"] = spec.layer_norm if ln is None else _bool()(ln)
+    config["sigma_bias"] = c.real(0.0, optional=True)(sigma)
+    config["layer_norm"] = spec.layer_norm if ln is None else c.boolean()(ln)
 
 
 def _resolve_probes(config: dict[str, Any]) -> None:
@@ -455,16 +297,16 @@ def _resolve_probes(config: dict[str, Any]) -> None:
         every = max(1, config["n_timesteps"] // 10)  # ten records per run
     for name in names:
         try:
-            make_probe(name, every=every, **_mapping(kwargs.get(name)))
+            make_probe(name, every=every, **c.mapping(kwargs.get(name)))
         except (ValueError, TypeError) as err:
             raise ConfigError(f"probe {name!r}: {err}") from None
     config["probe"] = names
     config["probe_every"] = every
-    config["probe_kwargs"] = {k: _mapping(v) for k, v in kwargs.items()}
+    config["probe_kwargs"] = {k: c.mapping(v) for k, v in kwargs.items()}
 
 
 def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
-    kwargs = _mapping(config.get("optimizer_kwargs"))
+    kwargs = c.mapping(config.get("optimizer_kwargs"))
     name = config.get("optimizer", "adam")
     try:
         OPTIMIZERS[name]([torch.zeros(1, requires_grad=True)], lr=1e-3, **kwargs)
@@ -499,15 +341,12 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
         obs_space, action_space = env_spaces(config["env"], **env_kw)
     except Exception as err:  # noqa: BLE001  (gym raises many kinds for bad env kwargs)
         raise ConfigError(f"cannot create {config['env']} with {env_kw}: {type(err).__name__}: {err}") from None
-    if algo == "dqn" and not isinstance(action_space, spaces.Discrete):
-        raise ConfigError(f"dqn needs discrete actions; {config['env']} has {action_space}")
-    if algo == "sac" and not isinstance(action_space, spaces.Box):
-        raise ConfigError(f"sac needs continuous (Box) actions; {config['env']} has {action_space}")
-    if algo == "ppo" and not isinstance(action_space, (spaces.Discrete, spaces.Box)):
-        raise ConfigError(f"ppo here supports Discrete and Box actions; {config['env']} has {action_space}")
+    spec = ALGOS[algo]
+    if not isinstance(action_space, spec.actions):
+        raise ConfigError(f"{algo} {spec.actions_text}; {config['env']} has {action_space}")
     cnn = is_image_space(obs_space, check_channels=False)
     act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
-    spec = (act, act_kwargs, config["layer_norm"])
+    net = (act, act_kwargs, config["layer_norm"])
     n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))
     arch = config.get("net_arch", [])
     derived: dict[str, Any] = {
@@ -518,7 +357,7 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
     if cnn:
         features = config.setdefault("features_dim", 512)
         n_flat = cnn_flat_features(obs_space.shape)
-        feat = _match(*spec, n_flat, n_out, [features]) if match else [features]
+        feat = _match(*net, n_flat, n_out, [features]) if match else [features]
         derived["features"] = feat[0]
         try:
             feature_out = _out_width(act, act_kwargs, feat[0])
@@ -528,16 +367,15 @@ def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
     else:
         in_features = int(math.prod(obs_space.shape))
     if isinstance(arch, Mapping):
-        if algo == "dqn":
-            raise ConfigError("dqn takes net_arch as a list of widths")
-        roles = {r: list(arch.get(r, [])) for r in (("pi", "vf") if algo == "ppo" else ("pi", "qf"))}
+        if len(spec.roles) == 1:
+            raise ConfigError(f"{algo} takes net_arch as a list of widths")
+        roles = {r: list(arch.get(r, [])) for r in spec.roles}
     else:
-        roles = {r: list(arch) for r in {"dqn": ("q",), "ppo": ("pi", "vf"), "sac": ("pi", "qf")}[algo]}
-    outs = {"q": (in_features, n_out), "pi": (in_features, n_out if algo == "ppo" else 2 * n_out),
-            "vf": (in_features, 1), "qf": (in_features + n_out, 1)}
+        roles = {r: list(arch) for r in spec.roles}
+    outs = {r: widths(in_features, n_out) for r, widths in spec.roles.items()}
     hidden = {}
     for role, widths in roles.items():
-        hidden[role] = _match(*spec, *outs[role], widths) if match else widths
+        hidden[role] = _match(*net, *outs[role], widths) if match else widths
         try:
             for w in hidden[role]:
                 _out_width(act, act_kwargs, w)  # validates the width for the activation (e.g. Maxout's k)

@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` (the resolved config, written first), ``run.h5`` (the
 :class:`probes.sb3.ProbeCallback` log: probes, episode returns and lengths, losses; always written),
-``model.zip`` (``model.save``; load with ``PaperDQN.load`` / ``PPO.load`` / ``SAC.load``) and ``summary.json``.
+``model.zip`` (``model.save``; load with the algorithm's class, ``agents.rl.algos.ALGOS[name].model.load``) and
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import torch
 import yaml
-from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.logger import Logger
@@ -28,15 +28,13 @@ from probes import make_probe
 from probes.sb3 import ProbeCallback
 
 from .callbacks import RunCallback, final_return, stop_on_signals
+from .algos import ALGOS
 from .config import OPTIMIZERS, algo_kwargs
-from .dqn import PaperDQN
 from .envs import make_env
-from .policies import ActActorCriticPolicy, ActDQNPolicy, ActNatureCNN, ActSACPolicy
+from .policies import ActNatureCNN
 
-__all__ = ["ALGORITHMS", "POLICIES", "build_env", "build_model", "online_parameters", "train", "RUN_FILES"]
+__all__ = ["build_env", "build_model", "online_parameters", "train", "RUN_FILES"]
 
-ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"dqn": PaperDQN, "ppo": PPO, "sac": SAC}
-POLICIES = {"dqn": ActDQNPolicy, "ppo": ActActorCriticPolicy, "sac": ActSACPolicy}
 RUN_FILES = ("run.h5", "model.zip", "summary.json")
 
 
@@ -59,7 +57,7 @@ def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
         kwargs["features_extractor_class"] = ActNatureCNN
         kwargs["features_extractor_kwargs"] = {"features_dim": derived["features"], **spec}
     hidden = derived["hidden"]
-    kwargs["net_arch"] = hidden["q"] if config["algo"] == "dqn" else dict(hidden)
+    kwargs["net_arch"] = next(iter(hidden.values())) if len(hidden) == 1 else dict(hidden)  # one role: a list
     return kwargs
 
 
@@ -69,23 +67,19 @@ def build_model(config: Mapping[str, Any], env: VecEnv | None = None) -> BaseAlg
     Its logger keeps the latest values in memory (``logger.name_to_value``, which the run log reads) and writes
     nothing: SB3's default logger would create an empty ``SB3-<date>`` folder in the temp directory per ``learn``.
     """
-    algo = config["algo"]
+    spec = ALGOS[config["algo"]]
     lr = config["learning_rate"]
     schedule = LinearSchedule(lr, 0.0, 1.0) if config.get("lr_schedule") == "linear" else lr
-    model = ALGORITHMS[algo](POLICIES[algo], build_env(config) if env is None else env, learning_rate=schedule,
-                             policy_kwargs=policy_kwargs(config), seed=config["seed"], device=config["device"],
-                             verbose=0, **algo_kwargs(config))
+    model = spec.model(spec.policy, build_env(config) if env is None else env, learning_rate=schedule,
+                       policy_kwargs=policy_kwargs(config), seed=config["seed"], device=config["device"],
+                       verbose=0, **algo_kwargs(config))
     model.set_logger(Logger(folder=None, output_formats=[]))
     return model
 
 
-def online_parameters(model: BaseAlgorithm) -> int:
-    """Trainable parameters of the networks being trained (targets excluded)."""
-    if isinstance(model, PaperDQN):
-        return count_parameters(model.q_net)
-    if isinstance(model, SAC):
-        return count_parameters(model.actor) + count_parameters(model.critic)
-    return count_parameters(model.policy)
+def online_parameters(model: BaseAlgorithm, algo: str) -> int:
+    """Trainable parameters of the networks algorithm ``algo`` trains (targets excluded)."""
+    return sum(count_parameters(net) for net in ALGOS[algo].online(model))
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -142,7 +136,8 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                          desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
     probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
                              n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
-                             end_status=lambda: run_cb.stop_reason or "finished")
+                             end_status=lambda: run_cb.stop_reason or "finished",
+                             context=ALGOS[config["algo"]].probe_context)
     try:
         with stop_on_signals(run_cb):
             model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
@@ -164,7 +159,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         "final_return": _finite_or_none(final_return(run_cb.returns)),  # None without episodes (JSON has no NaN)
         "steps_per_second": _finite_or_none(model.num_timesteps / wall if wall > 0 else math.nan),
         "wall_seconds": wall,
-        "parameters": online_parameters(model),
+        "parameters": online_parameters(model, config["algo"]),
         "run_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

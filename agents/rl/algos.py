@@ -1,0 +1,126 @@
+"""The SB3 algorithms, declared once each: what the CLI, config resolution, the run loop and the probe adapter read.
+
+An :class:`RLAlgo` names the SB3 class and our policy class, the default env, the action spaces it takes, its own
+hyper-parameters with their checks (the settings common to all are in :mod:`agents.rl.config`), the keys passed
+to SB3's constructor, the hidden MLPs its policy builds (roles, with their input and output widths), the networks
+being trained and the probe adapter that builds its per-sample losses. Its per-env defaults are in
+``agents/hyperparams/<name>.yml``.
+
+Algorithms with loops of their own (Rainbow, the population engine, class-incremental learners) are declared with
+:class:`agents.algorithm.Algorithm` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from stable_baselines3 import PPO, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from torch import nn
+
+from probes.sb3 import dqn_context, ppo_context, sac_context
+
+from . import checks as c
+from .dqn import PaperDQN
+from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy
+
+__all__ = ["RLAlgo", "ALGOS", "get_algo"]
+
+#: a hidden MLP's (input width, output width) from (features width, number of actions or action dimensions)
+Widths = Callable[[int, int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class RLAlgo:
+    """One SB3 algorithm.
+
+    name, help: the ``agents.train`` subcommand and its one-line description.
+    model, policy: the SB3 algorithm class and the policy class with our activation seams.
+    default_env: the env when none is given.
+    actions, actions_text: the action spaces it takes, and how to say so in an error ("needs discrete actions").
+    settings: its own hyper-parameters and their checks (:mod:`agents.rl.checks`).
+    sb3_keys: config keys passed as they are to ``model(...)``.
+    required: settings that may not be null.
+    roles: the hidden MLPs its policy builds, with their widths; ``net_arch`` is a list of widths for one role,
+        a list or a mapping of roles for several.
+    online: the networks being trained (targets excluded), whose parameters a run counts.
+    probe_context: ``(model, rng) -> ProbeContext fields`` (model, per-sample losses, sampler; :mod:`probes.sb3`).
+    """
+
+    name: str
+    help: str
+    model: type[BaseAlgorithm]
+    policy: type
+    default_env: str
+    actions: tuple[type[spaces.Space], ...]
+    actions_text: str
+    settings: Mapping[str, c.Check]
+    sb3_keys: tuple[str, ...]
+    roles: Mapping[str, Widths]
+    online: Callable[[Any], list[nn.Module]]
+    probe_context: Callable[[Any, np.random.Generator], dict[str, Any]]
+    required: tuple[str, ...] = ()
+
+
+_OFF_POLICY = {
+    "buffer_size": c.integer(1), "learning_starts": c.integer(0), "train_freq": c.integer(1),
+    "gradient_steps": c.integer(1), "target_update_interval": c.integer(1), "tau": c.real(0.0, 1.0, open_lo=True),
+}
+
+DQN = RLAlgo(
+    name="dqn",
+    help="DQN (SB3) with a chosen activation; defaults: the paper's classic-control DQN, or its Atari DQN for ALE ids",
+    model=PaperDQN, policy=ActDQNPolicy, default_env="MountainCar-v0",
+    actions=(spaces.Discrete,), actions_text="needs discrete actions",
+    settings={**_OFF_POLICY, "exploration_initial_eps": c.real(0.0, 1.0), "exploration_final_eps": c.real(0.0, 1.0),
+              "exploration_steps": c.integer(0, optional=True), "exploration_fraction": c.real(0.0, 1.0, open_lo=True),
+              "td_loss": c.choice("mse", "huber"), "n_steps": c.integer(1)},
+    sb3_keys=("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
+              "n_steps", "target_update_interval", "exploration_fraction", "exploration_initial_eps",
+              "exploration_final_eps", "max_grad_norm", "td_loss", "exploration_steps"),
+    roles={"q": lambda f, n: (f, n)},
+    online=lambda model: [model.q_net],
+    probe_context=dqn_context,
+)
+
+PPO_ALGO = RLAlgo(
+    name="ppo",
+    help="PPO (SB3) with a chosen activation in the actor and critic MLPs (or the Nature CNN's 512 layer)",
+    model=PPO, policy=ActActorCriticPolicy, default_env="CartPole-v1",
+    actions=(spaces.Discrete, spaces.Box), actions_text="here supports Discrete and Box actions",
+    settings={"n_steps": c.integer(2), "n_epochs": c.integer(1), "gae_lambda": c.real(0.0, 1.0),
+              "clip_range": c.real(0.0, open_lo=True), "ent_coef": c.real(), "vf_coef": c.real(0.0),
+              "normalize_advantage": c.boolean(), "target_kl": c.real(0.0, open_lo=True, optional=True)},
+    sb3_keys=("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "normalize_advantage",
+              "ent_coef", "vf_coef", "max_grad_norm", "target_kl"),
+    required=("max_grad_norm",),  # PPO clips gradients with max_grad_norm and has no "none"
+    roles={"pi": lambda f, n: (f, n), "vf": lambda f, n: (f, 1)},
+    online=lambda model: [model.policy],
+    probe_context=ppo_context,
+)
+
+SAC_ALGO = RLAlgo(
+    name="sac",
+    help="SAC (SB3) with a chosen activation in the actor and both critics",
+    model=SAC, policy=ActSACPolicy, default_env="Pendulum-v1",
+    actions=(spaces.Box,), actions_text="needs continuous (Box) actions",
+    settings={**_OFF_POLICY, "ent_coef": c.ent_coef, "target_entropy": c.target_entropy},
+    sb3_keys=("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
+              "ent_coef", "target_update_interval", "target_entropy"),
+    roles={"pi": lambda f, n: (f, 2 * n), "qf": lambda f, n: (f + n, 1)},
+    online=lambda model: [model.actor, model.critic],
+    probe_context=sac_context,
+)
+
+ALGOS: dict[str, RLAlgo] = {a.name: a for a in (DQN, PPO_ALGO, SAC_ALGO)}
+
+
+def get_algo(name: str) -> RLAlgo:
+    """The declaration of ``name``; ValueError naming the choices if there is none."""
+    if name not in ALGOS:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGOS)}")
+    return ALGOS[name]
