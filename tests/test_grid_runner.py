@@ -144,3 +144,15 @@ def test_dry_run_into_a_closed_pipe_is_quiet(tmp_path):
     proc.stdout.close()  # as `| head` does once it has read enough
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and err == ""
+
+
+@pytest.mark.parametrize("grid", ["dqn.yml", "stream.yml"])
+def test_run_folders_from_before_the_redesign_stay_done(tmp_path, grid):
+    """tests/data/grid_55b829d: the config.yaml and DONE.json files a grid wrote at commit 55b829d (before the
+    activation, algorithm and settings specs); the same grid planned now finds every run finished."""
+    import shutil
+
+    data = ROOT / "tests" / "data" / "grid_55b829d"
+    shutil.copytree(data / "runs", tmp_path / "runs")
+    runs = plan(load_grid(data / grid), tmp_path / "runs")
+    assert runs and [r.status for r in runs] == ["done"] * len(runs)

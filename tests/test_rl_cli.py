@@ -312,3 +312,19 @@ def test_saved_config_reused_with_another_activation(tmp_path):
 def test_config_error_class_is_the_commands_one():
     with pytest.raises(ConfigError):
         resolve("dqn", {"act": "nope"})
+
+
+def test_each_algorithm_is_declared_once_with_a_complete_schema():
+    """Every SB3 constructor key an algorithm passes is a setting of its schema; every setting has a check and a
+    help line; every key of its hyper-parameter file is a setting (resolve refuses unknown keys too)."""
+    import dataclasses
+
+    from agents.rl.algos import ALGOS
+    from agents.rl.settings import checks
+
+    for name, spec in ALGOS.items():
+        keys = checks(spec.settings)
+        assert set(spec.sb3_keys) <= set(keys), name
+        assert all(f.metadata["help"] for f in dataclasses.fields(spec.settings))
+        for entry, layer in hyperparams(name).items():
+            assert set(layer or {}) <= set(keys), (name, entry)

@@ -24,9 +24,9 @@ from torch import nn
 
 from probes.sb3 import dqn_context, ppo_context, sac_context
 
-from . import checks as c
 from .dqn import PaperDQN
 from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy
+from .settings import DQNSettings, PPOSettings, SACSettings
 
 __all__ = ["RLAlgo", "ALGOS", "get_algo"]
 
@@ -42,7 +42,7 @@ class RLAlgo:
     model, policy: the SB3 algorithm class and the policy class with our activation seams.
     default_env: the env when none is given.
     actions, actions_text: the action spaces it takes, and how to say so in an error ("needs discrete actions").
-    settings: its own hyper-parameters and their checks (:mod:`agents.rl.checks`).
+    settings: its config schema (:mod:`agents.rl.settings`): the common settings and its own.
     sb3_keys: config keys passed as they are to ``model(...)``.
     required: settings that may not be null.
     roles: the hidden MLPs its policy builds, with their widths; ``net_arch`` is a list of widths for one role,
@@ -58,7 +58,7 @@ class RLAlgo:
     default_env: str
     actions: tuple[type[spaces.Space], ...]
     actions_text: str
-    settings: Mapping[str, c.Check]
+    settings: type
     sb3_keys: tuple[str, ...]
     roles: Mapping[str, Widths]
     online: Callable[[Any], list[nn.Module]]
@@ -66,19 +66,12 @@ class RLAlgo:
     required: tuple[str, ...] = ()
 
 
-_OFF_POLICY = {
-    "buffer_size": c.integer(1), "learning_starts": c.integer(0), "train_freq": c.integer(1),
-    "gradient_steps": c.integer(1), "target_update_interval": c.integer(1), "tau": c.real(0.0, 1.0, open_lo=True),
-}
-
 DQN = RLAlgo(
     name="dqn",
     help="DQN (SB3) with a chosen activation; defaults: the paper's classic-control DQN, or its Atari DQN for ALE ids",
     model=PaperDQN, policy=ActDQNPolicy, default_env="MountainCar-v0",
     actions=(spaces.Discrete,), actions_text="needs discrete actions",
-    settings={**_OFF_POLICY, "exploration_initial_eps": c.real(0.0, 1.0), "exploration_final_eps": c.real(0.0, 1.0),
-              "exploration_steps": c.integer(0, optional=True), "exploration_fraction": c.real(0.0, 1.0, open_lo=True),
-              "td_loss": c.choice("mse", "huber"), "n_steps": c.integer(1)},
+    settings=DQNSettings,
     sb3_keys=("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
               "n_steps", "target_update_interval", "exploration_fraction", "exploration_initial_eps",
               "exploration_final_eps", "max_grad_norm", "td_loss", "exploration_steps"),
@@ -92,9 +85,7 @@ PPO_ALGO = RLAlgo(
     help="PPO (SB3) with a chosen activation in the actor and critic MLPs (or the Nature CNN's 512 layer)",
     model=PPO, policy=ActActorCriticPolicy, default_env="CartPole-v1",
     actions=(spaces.Discrete, spaces.Box), actions_text="here supports Discrete and Box actions",
-    settings={"n_steps": c.integer(2), "n_epochs": c.integer(1), "gae_lambda": c.real(0.0, 1.0),
-              "clip_range": c.real(0.0, open_lo=True), "ent_coef": c.real(), "vf_coef": c.real(0.0),
-              "normalize_advantage": c.boolean(), "target_kl": c.real(0.0, open_lo=True, optional=True)},
+    settings=PPOSettings,
     sb3_keys=("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "normalize_advantage",
               "ent_coef", "vf_coef", "max_grad_norm", "target_kl"),
     required=("max_grad_norm",),  # PPO clips gradients with max_grad_norm and has no "none"
@@ -108,7 +99,7 @@ SAC_ALGO = RLAlgo(
     help="SAC (SB3) with a chosen activation in the actor and both critics",
     model=SAC, policy=ActSACPolicy, default_env="Pendulum-v1",
     actions=(spaces.Box,), actions_text="needs continuous (Box) actions",
-    settings={**_OFF_POLICY, "ent_coef": c.ent_coef, "target_entropy": c.target_entropy},
+    settings=SACSettings,
     sb3_keys=("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
               "ent_coef", "target_update_interval", "target_entropy"),
     roles={"pi": lambda f, n: (f, 2 * n), "qf": lambda f, n: (f + n, 1)},

@@ -12,6 +12,7 @@ from interference.activation_spec import ActArg, activation_names, activation_sp
 
 from .algos import ALGOS
 from .config import resolve, run_tag
+from .settings import checks, describe
 
 __all__ = ["RLCommand", "COMMANDS"]
 
@@ -63,7 +64,8 @@ class RLCommand:
         algo = self.name
         parser.formatter_class = _Formatter
         spec = ALGOS[algo]
-        parser.epilog = _EPILOG.format(algo=algo, env=spec.default_env)
+        parser.epilog = _EPILOG.format(algo=algo, env=spec.default_env) + \
+            f"\nsettings (keys of --set, --config files and agents/hyperparams/{algo}.yml):\n{describe(spec.settings)}\n"
         S = argparse.SUPPRESS  # unset flags stay out of the values: the YAML files supply the defaults
         g = parser.add_argument_group("environment and training")
         g.add_argument("--env", default=S, metavar="ENV",
@@ -71,7 +73,7 @@ class RLCommand:
                             f"(default: {spec.default_env})")
         g.add_argument("--steps", type=_int, default=S, metavar="N", help="env steps to train (default: per env)")
         g.add_argument("--lr", type=float, default=S, metavar="X", help="learning rate (default: per env)")
-        if "buffer_size" in spec.settings:
+        if "buffer_size" in checks(spec.settings):
             g.add_argument("--buffer-size", dest="buffer_size", type=_int, default=S, metavar="N",
                            help="replay buffer size in transitions (paper's classic study: 32 ... 10000)")
         g.add_argument("--batch-size", dest="batch_size", type=_int, default=S, metavar="N", help="minibatch size")

@@ -6,16 +6,17 @@ Resolution, later wins::
     <- --config FILE <- flags (and --set KEY=VALUE)
 
 A resolved config is a flat dict (written to the run's ``config.yaml``; such a file works as ``--config`` again):
-the keys of the YAML files (SB3 argument names where SB3 has one), with the chosen activation's defaults folded
-into ``act_kwargs``, ``sigma_bias`` and ``layer_norm``, and a ``derived`` entry (observation shape, action space,
-the hidden widths actually built) that is recomputed on every resolution and ignored in ``--config`` files.
+the keys of the YAML files (SB3 argument names where SB3 has one; the schema with types, checks and help is
+:mod:`agents.rl.settings`), with the chosen activation's defaults folded into ``act_kwargs``, ``sigma_bias`` and
+``layer_norm`` (the activation's spec, then the YAML's ``activations`` table, then explicit settings), and a
+``derived`` entry (observation shape, action space, the hidden widths actually built: :mod:`agents.rl.derive`)
+that is recomputed on every resolution and ignored in ``--config`` files.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -23,21 +24,18 @@ from typing import Any
 
 import torch
 import yaml
-from gymnasium import spaces
-from stable_baselines3.common.preprocessing import is_image_space
 
 from agents.commands import ConfigError, read_yaml
 from interference.activation_spec import activation_names, activation_spec
-from interference.nets import match_width
 
 from . import checks as c
 from .algos import ALGOS
-from .envs import check_env_id, env_spaces, is_atari
-from .policies import cnn_flat_features
+from .derive import derive
+from .envs import check_env_id, is_atari
+from .settings import OPTIMIZERS, checks
 
-__all__ = ["ALIASES", "act_args", "OPTIMIZERS", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
+__all__ = ["ALIASES", "act_args", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
 
-OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
 
 #: flag names -> config keys
 ALIASES = {"lr": "learning_rate", "steps": "n_timesteps", "hidden": "net_arch", "ln": "layer_norm",
@@ -55,25 +53,13 @@ RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "torch_threa
                 "probe_kwargs", "probe_inputs", "derived")
 
 
-_COMMON: dict[str, c.Check] = {
-    "env": str, "seed": c.integer(0), "device": c.device, "n_timesteps": c.integer(1),
-    "act": str, "act_kwargs": c.mapping, "sigma_bias": c.real(0.0, optional=True), "layer_norm": c.boolean(True),
-    "net_arch": c.net_arch, "match_width": c.boolean(), "features_dim": c.integer(1), "activations": c.mapping,
-    "learning_rate": c.real(0.0, open_lo=True), "lr_schedule": c.choice("constant", "linear"),
-    "optimizer": c.choice(*OPTIMIZERS), "optimizer_kwargs": c.mapping, "gamma": c.real(0.0, 1.0),
-    "batch_size": c.integer(1), "max_grad_norm": c.real(0.0, open_lo=True, optional=True),
-    "n_envs": c.integer(1), "max_episode_steps": c.integer(1, optional=True), "env_kwargs": c.mapping,
-    "frame_stack": c.integer(1), "atari_wrapper_kwargs": c.mapping, "policy_kwargs": c.mapping,
-    "probe": c.names, "probe_every": c.integer(1, optional=True), "probe_kwargs": c.mapping, "probe_inputs": c.integer(1),
-    "torch_threads": c.integer(1, optional=True), "progress": c.boolean(True),
-}
 def algo_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     """The SB3 constructor arguments of a resolved config."""
     return {k: config[k] for k in ALGOS[config["algo"]].sb3_keys if k in config}
 
 
 def _checks(algo: str) -> dict[str, c.Check]:
-    return {**_COMMON, **ALGOS[algo].settings}
+    return checks(ALGOS[algo].settings)
 
 
 # --- YAML files -----------------------------------------------------------------------------------------
@@ -214,7 +200,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     config.setdefault("torch_threads", None)
     config.setdefault("progress", None)
     config["optimizer_kwargs"] = _check_optimizer(config)
-    config["derived"] = _derive(algo, config)
+    config["derived"] = derive(ALGOS[algo], config)
     return _ordered(algo, config)
 
 
@@ -313,81 +299,6 @@ def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"optimizer {name!r} with {kwargs}: {err}") from None
     return kwargs
-
-
-#: the activation whose network --match-width matches (the paper's reference, Elephant)
-MATCH_REFERENCE = "elephant"
-
-
-def _match(act: str, act_kwargs: Mapping[str, Any], layer_norm: bool, in_features: int, out_features: int,
-           widths: Sequence[int]) -> list[int]:
-    if not widths or act == MATCH_REFERENCE:
-        return list(widths)
-    if len(set(widths)) != 1:
-        raise ConfigError(f"match_width needs equal hidden widths (the {MATCH_REFERENCE} reference), got {list(widths)}")
-    try:
-        w = match_width(act, in_features, out_features, reference=(MATCH_REFERENCE, widths[0]), depth=len(widths),
-                        act_kwargs=act_kwargs, layer_norm=layer_norm)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"match_width for {act!r}: {err}") from None
-    return [w] * len(widths)
-
-
-def _derive(algo: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Spaces and the hidden widths actually built (width matching by parameter count when asked)."""
-    env_kw = {k: config[k] for k in ("env_kwargs", "max_episode_steps", "frame_stack", "atari_wrapper_kwargs")
-              if k in config}
-    try:
-        obs_space, action_space = env_spaces(config["env"], **env_kw)
-    except Exception as err:  # noqa: BLE001  (gym raises many kinds for bad env kwargs)
-        raise ConfigError(f"cannot create {config['env']} with {env_kw}: {type(err).__name__}: {err}") from None
-    spec = ALGOS[algo]
-    if not isinstance(action_space, spec.actions):
-        raise ConfigError(f"{algo} {spec.actions_text}; {config['env']} has {action_space}")
-    cnn = is_image_space(obs_space, check_channels=False)
-    act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
-    net = (act, act_kwargs, config["layer_norm"])
-    n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))
-    arch = config.get("net_arch", [])
-    derived: dict[str, Any] = {
-        "observation_shape": [int(s) for s in obs_space.shape],
-        "action_space": f"Discrete({n_out})" if isinstance(action_space, spaces.Discrete) else f"Box({n_out})",
-        "cnn": bool(cnn),
-    }
-    if cnn:
-        features = config.setdefault("features_dim", 512)
-        n_flat = cnn_flat_features(obs_space.shape)
-        feat = _match(*net, n_flat, n_out, [features]) if match else [features]
-        derived["features"] = feat[0]
-        try:
-            feature_out = _out_width(act, act_kwargs, feat[0])
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        in_features = feature_out
-    else:
-        in_features = int(math.prod(obs_space.shape))
-    if isinstance(arch, Mapping):
-        if len(spec.roles) == 1:
-            raise ConfigError(f"{algo} takes net_arch as a list of widths")
-        roles = {r: list(arch.get(r, [])) for r in spec.roles}
-    else:
-        roles = {r: list(arch) for r in spec.roles}
-    outs = {r: widths(in_features, n_out) for r, widths in spec.roles.items()}
-    hidden = {}
-    for role, widths in roles.items():
-        hidden[role] = _match(*net, *outs[role], widths) if match else widths
-        try:
-            for w in hidden[role]:
-                _out_width(act, act_kwargs, w)  # validates the width for the activation (e.g. Maxout's k)
-        except ValueError as err:
-            raise ConfigError(f"net_arch {hidden[role]} with {act}: {err}") from None
-    derived["hidden"] = hidden
-    return derived
-
-
-def _out_width(act: str, act_kwargs: Mapping[str, Any], width: int) -> int:
-    spec = activation_spec(act)
-    return spec.output_width(spec.build(width, **act_kwargs), width)
 
 
 _ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm", "net_arch", "match_width",

@@ -29,9 +29,10 @@ from probes.sb3 import ProbeCallback
 
 from .callbacks import RunCallback, final_return, stop_on_signals
 from .algos import ALGOS
-from .config import OPTIMIZERS, algo_kwargs
+from .config import algo_kwargs
 from .envs import make_env
 from .policies import ActNatureCNN
+from .settings import OPTIMIZERS
 
 __all__ = ["build_env", "build_model", "online_parameters", "train", "RUN_FILES"]
 

@@ -1,0 +1,118 @@
+"""The RL config schema: every setting a config may hold, typed, checked and explained, as dataclasses.
+
+:class:`Common` holds the settings of every algorithm; each algorithm declares its own in a subclass
+(:class:`DQNSettings`, :class:`PPOSettings`, :class:`SACSettings`, named by :mod:`agents.rl.algos`). A field's type
+annotation is the value's type, its ``metadata`` the check (:mod:`agents.rl.checks`) and a help line. Fields have
+no defaults here: a config holds the keys its YAML layers, file and flags set (defaults live in
+``agents/hyperparams/<algo>.yml``), and resolution (:mod:`agents.rl.config`) checks each one against the schema.
+
+Dataclasses rather than a validation library (pydantic, attrs): no new dependency, configs stay plain dicts whose
+absent keys stay absent (so saved ``config.yaml`` files and finished grid runs compare equal), and the checks keep
+their messages ("learning_rate must be a number > 0, got -1").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import checks as c
+
+__all__ = ["OPTIMIZERS", "Common", "DQNSettings", "PPOSettings", "SACSettings", "OffPolicy", "checks", "describe"]
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
+
+
+def _s(check: c.Check, help: str) -> Any:
+    """A setting: no default (absent unless set), its check and help line."""
+    return field(metadata={"check": check, "help": help})
+
+
+@dataclass
+class Common:
+    """Settings of every RL algorithm."""
+
+    env: str = _s(str, "Gymnasium id, Catcher-PLE-v0 / Pixelcopter-PLE-v0, or an ALE id")
+    seed: int = _s(c.integer(0), "random seed")
+    device: str = _s(c.device, "cpu, cuda, cuda:N or auto")
+    n_timesteps: int = _s(c.integer(1), "env steps to train")
+    act: str = _s(str, "hidden activation (a registered activation spec)")
+    act_kwargs: dict = _s(c.mapping, "the activation's arguments")
+    sigma_bias: float | None = _s(c.real(0.0, optional=True), "spread of the hidden biases; null: zero biases")
+    layer_norm: bool | None = _s(c.boolean(True), "LayerNorm before the activation; null: the activation's default")
+    net_arch: list | dict = _s(c.net_arch, "hidden Linear widths: a list, or per role (pi, vf, qf)")
+    match_width: bool = _s(c.boolean(), "match the parameter count of the Elephant network of net_arch widths")
+    features_dim: int = _s(c.integer(1), "width of the Nature CNN's hidden layer (image observations)")
+    activations: dict = _s(c.mapping, "per-activation defaults {act: {argument: value, sigma_bias, layer_norm}}")
+    learning_rate: float = _s(c.real(0.0, open_lo=True), "learning rate")
+    lr_schedule: str = _s(c.choice("constant", "linear"), "constant, or linear decay to 0")
+    optimizer: str = _s(c.choice(*OPTIMIZERS), "adam, rmsprop or sgd")
+    optimizer_kwargs: dict = _s(c.mapping, "the optimizer's arguments")
+    gamma: float = _s(c.real(0.0, 1.0), "discount")
+    batch_size: int = _s(c.integer(1), "minibatch size")
+    max_grad_norm: float | None = _s(c.real(0.0, open_lo=True, optional=True), "gradient clipping; null: none")
+    n_envs: int = _s(c.integer(1), "parallel environments")
+    max_episode_steps: int | None = _s(c.integer(1, optional=True), "episode step limit; null: the env's")
+    env_kwargs: dict = _s(c.mapping, "arguments of gymnasium.make")
+    frame_stack: int = _s(c.integer(1), "frames stacked (image observations)")
+    atari_wrapper_kwargs: dict = _s(c.mapping, "arguments of SB3's AtariWrapper")
+    policy_kwargs: dict = _s(c.mapping, "further arguments of the policy class")
+    probe: list = _s(c.names, "probes to run")
+    probe_every: int | None = _s(c.integer(1, optional=True), "env steps between probe records; null: a tenth")
+    probe_kwargs: dict = _s(c.mapping, "per-probe arguments {probe: {argument: value}}")
+    probe_inputs: int = _s(c.integer(1), "fixed probe inputs")
+    torch_threads: int | None = _s(c.integer(1, optional=True), "torch threads; null: 1 for MLPs")
+    progress: bool | None = _s(c.boolean(True), "progress bar; null: when stderr is a terminal")
+
+
+@dataclass
+class OffPolicy(Common):
+    """Settings of replay-buffer algorithms."""
+
+    buffer_size: int = _s(c.integer(1), "replay buffer size in transitions")
+    learning_starts: int = _s(c.integer(0), "env steps before the first update")
+    train_freq: int = _s(c.integer(1), "env steps between updates")
+    gradient_steps: int = _s(c.integer(1), "gradient steps per update")
+    target_update_interval: int = _s(c.integer(1), "env steps between target network updates")
+    tau: float = _s(c.real(0.0, 1.0, open_lo=True), "target network update rate (1: copy)")
+
+
+@dataclass
+class DQNSettings(OffPolicy):
+    exploration_initial_eps: float = _s(c.real(0.0, 1.0), "initial epsilon")
+    exploration_final_eps: float = _s(c.real(0.0, 1.0), "final epsilon")
+    exploration_steps: int | None = _s(c.integer(0, optional=True), "env steps of the epsilon decay (absolute)")
+    exploration_fraction: float = _s(c.real(0.0, 1.0, open_lo=True), "fraction of the run the epsilon decay takes")
+    td_loss: str = _s(c.choice("mse", "huber"), "TD loss")
+    n_steps: int = _s(c.integer(1), "n-step returns")
+
+
+@dataclass
+class PPOSettings(Common):
+    n_steps: int = _s(c.integer(2), "env steps per rollout and env")
+    n_epochs: int = _s(c.integer(1), "epochs per rollout")
+    gae_lambda: float = _s(c.real(0.0, 1.0), "GAE lambda")
+    clip_range: float = _s(c.real(0.0, open_lo=True), "PPO clip range")
+    ent_coef: float = _s(c.real(), "entropy coefficient")
+    vf_coef: float = _s(c.real(0.0), "value loss coefficient")
+    normalize_advantage: bool = _s(c.boolean(), "normalise advantages per minibatch")
+    target_kl: float | None = _s(c.real(0.0, open_lo=True, optional=True), "early-stopping KL; null: none")
+
+
+@dataclass
+class SACSettings(OffPolicy):
+    ent_coef: str | float = _s(c.ent_coef, "entropy coefficient, or auto / auto_X (learned, starting at X)")
+    target_entropy: str | float = _s(c.target_entropy, "target entropy, or auto")
+
+
+def checks(schema: type) -> dict[str, c.Check]:
+    """``{key: check}`` of a settings dataclass."""
+    return {f.name: f.metadata["check"] for f in dataclasses.fields(schema)}
+
+
+def describe(schema: type) -> str:
+    """One line per setting: ``key (type): help``, for ``--help``."""
+    return "\n".join(f"  {f.name} ({f.type}): {f.metadata['help']}" for f in dataclasses.fields(schema))
