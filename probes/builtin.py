@@ -267,8 +267,8 @@ class WeightsProbe(Probe):
                                "parameters"),
         "grad_norm": FieldDoc("norm of each parameter's current gradient", "L2 norm", ("parameter",), "per_layer",
                               "parameters"),
-        "*": FieldDoc("a per-unit parameter of an activation's layers (<activation>_<parameter>)",
-                      axes=("layer", "mean/min/max"), plot="none"),
+        "*": FieldDoc("a per-unit parameter <activation>_<parameter> (Elephant's h and a) over each layer's units",
+                      axes=("layer", "mean/min/max"), plot="layer_range", labels="{prefix}_layers"),
     })
 
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:

@@ -6,7 +6,10 @@ and how to plot it over a run:
 
 * ``curve``: a scalar per record, plotted over steps (mean over seeds, shaded standard error);
 * ``per_layer``: a vector per record, one curve per entry; ``labels`` names the probe setting that holds the
-  entries' names (e.g. the sparsity probe's ``layers``);
+  entries' names (e.g. the sparsity probe's ``layers``; ``{prefix}`` stands for the field's name up to its last
+  ``_``); fields of one probe with the same labels and units share a figure;
+* ``layer_range``: an ``(L, 3)`` record, (mean, min, max) per layer, a line and a band per layer (per-unit
+  parameters such as Elephant's ``h`` and ``a``);
 * ``heatmap``: a matrix per record, shown at chosen steps (midpoint and end of training by default);
 * ``none``: not plotted (e.g. a probe input stored for reference).
 
@@ -24,7 +27,7 @@ from typing import Any
 
 __all__ = ["PLOTS", "FieldDoc", "ProbeSchema", "default_doc"]
 
-PLOTS = ("curve", "per_layer", "heatmap", "none")
+PLOTS = ("curve", "per_layer", "layer_range", "heatmap", "none")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The whole report: every figure the run logs have data for, as PNGs, plus ``index.html``.
 
-Hand-made sections (learning curves, gradient covariance, NTK, sparsity, Elephant's h and a) come first; every
-other probe field, a plugin's included, is plotted as its schema (:mod:`probes.schema`, stored in the run log)
-says, with no edit here.
+Hand-made sections (learning curves, gradient covariance, NTK) come first; every other probe field (sparsity,
+weights and Elephant's h and a, a plugin's probes) is plotted as its schema (:mod:`probes.schema`, stored in the
+run log) says (:mod:`reports.fields`), with no edit here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from probes.runlog import Run
 
 from . import data, plots
+from .fields import probe_figures
 from .html import Table, write_index
 
 __all__ = ["build_report", "run_tables", "SCALARS"]
@@ -93,65 +94,9 @@ def _ntk(w: _Writer, groups: Mapping[str, list[Run]], steps: Sequence[int] | Non
               "ntk_current.png", plots.ntk_vectors(vectors))
 
 
-def _per_group(w: _Writer, groups: Mapping[str, list[Run]], section: str, name: str,
-               series: Callable[[list[Run]], dict[str, data.Series]],
-               layers: Callable[[Run, int], list[str]],
-               plot: Callable[[dict[str, data.Series], list[str], str], Figure]) -> None:
-    for i, (label, runs) in enumerate(groups.items()):
-        found = series(runs)
-        if found:
-            n_layers = next(iter(found.values())).values.shape[2]
-            fig = plot(found, layers(runs[0], n_layers), label)
-            w.add(section, f"{label}: mean over {len(runs)} seed(s)", f"{name}_{i}.png", fig)
-
-
-def _sparsity(runs: list[Run]) -> dict[str, data.Series]:
-    return {f: s for f in data.SPARSITY_FIELDS if (s := data.probe_series(runs, "sparsity", f)) is not None}
-
-
-def _elephant(runs: list[Run]) -> dict[str, data.Series]:
-    return {k: s for k in ("h", "a") if (s := data.probe_series(runs, "weights", f"elephant_{k}")) is not None}
-
-
 def _hand_made(probe: str, field: str) -> bool:
     """Whether a hand-made section above renders this field (every other field is rendered from its schema)."""
-    return probe in ("gradcov", "ntk") or (probe == "sparsity" and field in data.SPARSITY_FIELDS) or \
-        (probe == "weights" and field.startswith("elephant_"))
-
-
-def _from_schema(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str],
-                 steps: Sequence[int] | None) -> None:
-    """Every probe field no hand-made section covers, plotted as its schema says (curve, per layer, heatmap)."""
-    runs = [r for group in groups.values() for r in group]
-    for probe, fields in data.probe_fields(runs).items():
-        for field in fields:
-            if _hand_made(probe, field):
-                continue
-            owner = next(r for r in runs if field in r.probes.get(probe, {}))
-            doc, title = data.field_doc(owner, probe, field), data.probe_schema(owner, probe).title
-            caption = f"{probe}.{field}: {doc.meaning}" + (f" ({doc.units})" if doc.units else "")
-            name = f"probe_{_slug(probe)}_{_slug(field)}"
-            if doc.plot == "curve":
-                curves = {label: s for label, group in groups.items()
-                          if (s := data.probe_series(group, probe, field)) is not None and s.values.ndim == 2}
-                if curves:
-                    w.add(title, f"{caption}; mean over seeds ± standard error", f"{name}.png",
-                          plots.mean_curves({doc.units or field: curves}, title=f"{probe}.{field}", colors=colors))
-            elif doc.plot == "per_layer":
-                for i, (label, group) in enumerate(groups.items()):
-                    s = data.probe_series(group, probe, field)
-                    if s is not None and s.values.ndim == 3:
-                        layers = (data.layer_names(group[0], probe, doc.labels, s.values.shape[2]) if doc.labels
-                                  else [f"{(doc.axes or ('entry',))[0]} {j}" for j in range(s.values.shape[2])])
-                        w.add(title, f"{label}: {caption}; mean over {len(group)} seed(s)", f"{name}_{i}.png",
-                              plots.layer_series({field: s}, layers, label, ylabel=doc.units or field, ylim=None))
-            elif doc.plot == "heatmap":
-                panels = {label: [r for r in records if r.value.ndim == 2] for label, group in groups.items()
-                          if (records := data.select_records(group[0], probe, field, steps))}
-                panels = {label: records for label, records in panels.items() if records}
-                if panels:
-                    w.add(title, f"{caption}; one seed per configuration", f"{name}.png",
-                          plots.heatmaps(panels, f"{probe}.{field}", doc.axes if len(doc.axes) == 2 else ("i", "j")))
+    return probe in ("gradcov", "ntk")
 
 
 def _commit(run: Run) -> str:
@@ -209,9 +154,5 @@ def build_report(runs: Sequence[Run], out_dir: str | os.PathLike, steps: Sequenc
     _learning_curves(w, groups, colors, window)
     _gradcov(w, groups, colors, steps)
     _ntk(w, groups, steps)
-    _per_group(w, groups, "Sparsity and dormancy", "sparsity", _sparsity,
-               lambda run, n: data.layer_names(run, "sparsity", "layers", n), plots.layer_series)
-    _per_group(w, groups, "Elephant parameters", "elephant", _elephant,
-               lambda run, n: data.layer_names(run, "weights", "elephant_layers", n), plots.elephant_params)
-    _from_schema(w, groups, colors, steps)
+    probe_figures(w.add, groups, colors, steps, skip=_hand_made)
     return write_index(out, "Run report", run_tables(groups), w.sections)

@@ -23,10 +23,8 @@ __all__ = [
     "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "config_key", "config_labels", "group_by_config",
     "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
     "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
-    "probe_inputs", "SPARSITY_FIELDS", "probe_schema", "field_doc", "probe_fields",
+    "probe_inputs", "probe_schema", "field_doc", "probe_fields",
 ]
-
-SPARSITY_FIELDS = ("activation_sparsity", "gradient_sparsity", "dormant", "saturated")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from .data import CurrentNTK, Curve, Record, Series, ntk_matrix
 
 __all__ = ["GRADCOV_CMAP", "GRADCOV_CLIM", "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
-           "ntk_vectors", "layer_series", "elephant_params"]
+           "ntk_vectors", "layer_series", "layer_ranges", "heatmaps"]
 
 GRADCOV_CMAP = "RdBu_r"
 GRADCOV_CLIM = (-1.0, 1.0)  # gradient covariance entries are cosines; fixed so panels compare
@@ -171,10 +171,10 @@ def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str
     return fig
 
 
-def elephant_params(series: Mapping[str, Series], layers: Sequence[str], title: str = "") -> Figure:
-    """Elephant parameters over time, ``{"h": Series, "a": Series}`` with values ``(R, T, E, 3)`` (mean, min,
-    max per layer): one subplot per parameter, per layer its mean as a line and its min-max range as a band
-    (each averaged over runs)."""
+def layer_ranges(series: Mapping[str, Series], layers: Sequence[str], title: str = "") -> Figure:
+    """Per-unit parameters over time, e.g. ``{"elephant_h": Series, "elephant_a": Series}`` with values
+    ``(R, T, L, 3)`` (mean, min, max over the units of each layer): one subplot per field, per layer its mean as a
+    line and its min-max range as a band (each averaged over runs)."""
     fig = Figure(figsize=(_LINE_W_IN * len(series), _LINE_H_IN), layout="constrained")
     axes = fig.subplots(1, len(series), squeeze=False)[0]
     for ax, (name, s) in zip(axes, series.items()):
@@ -185,7 +185,7 @@ def elephant_params(series: Mapping[str, Series], layers: Sequence[str], title: 
             ax.fill_between(s.steps, mean[:, i, 1], mean[:, i, 2], color=color, alpha=0.2, lw=0)
         ax.set_xlabel("step")
         ax.set_ylabel(name)
-        ax.set_title(f"Elephant {name}: mean over units, band min to max", fontsize=9)
+        ax.set_title(f"{name}: mean over units, band min to max", fontsize=9)
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)

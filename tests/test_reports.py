@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from probes.runlog import Field, RunLog, read_run
+from probes import SparsityProbe
 from reports import data, plots
 from reports.__main__ import main
 
@@ -22,6 +23,7 @@ K, N, OBS, LAYERS, PARAMS = 6, 5, 3, ["net.1", "net.3"], ["net.0.weight", "net.0
 PROBE_STEPS = [0, 250, 500, 750, 1000]
 EPISODE_STEPS = np.arange(50, 1001, 50)  # 20 episodes
 PNG = b"\x89PNG\r\n\x1a\n"
+SPARSITY_FIELDS = tuple(SparsityProbe.schema.fields)  # the probe's declared fields
 
 
 def episode_returns(config_index, seed):
@@ -34,7 +36,7 @@ def write_run(path, config_index, seed):
     probes = {
         "gradcov": {"td": Field((K, K)), "td_offdiag_mean": Field(()), "td_negative_fraction": Field(())},
         "ntk": {"kernel": Field((N, N))},
-        "sparsity": {f: Field((len(LAYERS),)) for f in data.SPARSITY_FIELDS},
+        "sparsity": {f: Field((len(LAYERS),)) for f in SPARSITY_FIELDS},
         "weights": {"param_norm": Field((len(PARAMS),)), "grad_norm": Field((len(PARAMS),)),
                     "elephant_h": Field((len(LAYERS), 3)), "elephant_a": Field((len(LAYERS), 3))},
         "inputs": {"x": Field((N, OBS))},
@@ -52,7 +54,7 @@ def write_run(path, config_index, seed):
             log.append("gradcov", step, td=c, td_offdiag_mean=off.mean(), td_negative_fraction=(off < 0).mean())
             j = rng.normal(size=(N, 4))
             log.append("ntk", step, kernel=j @ j.T)
-            log.append("sparsity", step, **{f: rng.uniform(0, 1, len(LAYERS)) for f in data.SPARSITY_FIELDS})
+            log.append("sparsity", step, **{f: rng.uniform(0, 1, len(LAYERS)) for f in SPARSITY_FIELDS})
             h = np.sort(rng.uniform(0.5, 2.0, (len(LAYERS), 3)), axis=1)[:, [1, 0, 2]]  # (mean, min, max)
             log.append("weights", step, param_norm=rng.uniform(1, 2, len(PARAMS)),
                        grad_norm=rng.uniform(0, 1, len(PARAMS)), elephant_h=h, elephant_a=h + 1)
@@ -84,7 +86,9 @@ def assert_report(index):
     assert index.is_file()
     sources = image_sources(index)
     assert {"curve_episode_return.png", "curve_loss.png", "gradcov_td.png", "gradcov_td_over_time.png",
-            "ntk.png", "sparsity_0.png", "sparsity_1.png", "elephant_0.png", "elephant_1.png"} <= set(sources)
+            "ntk.png", "probe_sparsity_per_layer0_0.png", "probe_sparsity_per_layer0_1.png",  # from schemas:
+            "probe_weights_layer_range0_0.png", "probe_weights_layer_range0_1.png",  # Elephant's h and a,
+            "probe_weights_per_layer0_0.png"} <= set(sources)  # parameter and gradient norms
     for src in sources:
         path = index.parent / src
         assert path.is_file(), src
@@ -93,6 +97,7 @@ def assert_report(index):
     for run in ("cfg0/seed0.h5", "cfg1/seed1.h5"):
         assert run in text
     assert "act=elephant lr=0.001" in text and "MountainCar-v0" in text
+    assert "Sparsity and dormancy" in text and "fraction of dormant units" in text and "elephant_h" in text
 
 
 def test_cli_in_process(run_dir, tmp_path, capsys):
