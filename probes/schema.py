@@ -60,6 +60,12 @@ class ProbeSchema:
             return self.fields[name]
         return next((d for pattern, d in self.fields.items() if fnmatchcase(name, pattern)), None)
 
+    def rank(self, name: str) -> int:
+        """Where field ``name`` comes in the declaration order (reports list fields so); undeclared ones last."""
+        keys = list(self.fields)
+        exact = [i for i, k in enumerate(keys) if k == name]
+        return (exact or [i for i, k in enumerate(keys) if fnmatchcase(name, k)] or [len(keys)])[0]
+
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "fields": {k: asdict(v) for k, v in self.fields.items()}}
 

@@ -46,14 +46,15 @@ def probe_figures(add: Add, groups: Mapping[str, list[Run]], colors: dict[str, s
     """Add a figure for every probe field in ``groups`` but those ``skip(probe, field)`` (hand-made elsewhere)."""
     runs = [r for group in groups.values() for r in group]
     for probe, fields in data.probe_fields(runs).items():
+        schema = data.probe_schema(next(r for r in runs if probe in r.probes), probe)
         docs = {}
-        for field in fields:
+        for field in sorted(fields, key=schema.rank):  # stable: fields of one pattern stay in file order
             if not skip(probe, field):
                 owner = next(r for r in runs if field in r.probes.get(probe, {}))
                 docs[field] = data.field_doc(owner, probe, field)
         if not docs:
             continue
-        title = data.probe_schema(next(r for r in runs if probe in r.probes), probe).title
+        title = schema.title
         for field, doc in docs.items():
             caption = f"{probe}.{field}: {doc.meaning}" + (f" ({doc.units})" if doc.units else "")
             if doc.plot == "curve":

@@ -109,3 +109,21 @@ def test_report_reads_the_schema_from_the_log_not_the_registry(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.split() == ["Output", "magnitude", "False"], proc.stderr
+
+
+def test_registration_errors_are_clear():
+    import pytest
+
+    from agents.algorithm import Algorithm
+    from agents.commands import get_command, register_command
+    from probes import GradCovProbe, Probe, register_probe
+
+    with pytest.raises(ValueError, match="registered already"):
+        register_probe(type("Other", (Probe,), {"name": "gradcov"}))
+    assert register_probe(GradCovProbe) is GradCovProbe  # the same class again is fine
+    with pytest.raises(ValueError, match="its own name"):
+        register_probe(type("Nameless", (Probe,), {}))
+    with pytest.raises(ValueError, match="exists already"):
+        register_command(get_command("stream-sin"))
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        Algorithm("x", "", dict, lambda cfg, d: {})

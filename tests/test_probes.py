@@ -155,3 +155,19 @@ def test_dqn_training_scalars_are_stamped_with_their_update(tmp_path):
     assert steps.tolist() == [52, 100, 200, 300, 312]  # first update at/after each multiple of 100, and the last
     assert np.allclose(loss, [updates[s]["train/loss"] for s in steps.tolist()], rtol=1e-6)
     assert run.scalars["learning_rate"][0].tolist() == steps.tolist()
+
+
+def test_probe_schemas_match_fields_by_name_then_pattern_and_round_trip():
+    from probes import PROBES, FieldDoc, ProbeSchema
+
+    gradcov = PROBES["gradcov"].schema
+    assert gradcov.doc("td_offdiag_mean").plot == "curve" and gradcov.doc("actor").plot == "heatmap"
+    assert ProbeSchema.from_json(gradcov.to_json()) == gradcov
+    sparsity = PROBES["sparsity"].schema
+    assert sorted(["saturated", "dormant", "activation_sparsity"], key=sparsity.rank) == \
+        ["activation_sparsity", "dormant", "saturated"]
+    assert all(p.schema is not None for p in PROBES.values())  # every built-in probe says what its fields mean
+    with pytest.raises(ValueError, match="plot must be one of"):
+        FieldDoc("x", plot="pie")
+    with pytest.raises(ValueError, match="not a probe schema"):
+        ProbeSchema.from_json({"fields": {}})
