@@ -36,6 +36,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -148,11 +150,28 @@ def plan(spec: Mapping[str, Any], out: str | Path, imports: Sequence[str] = ()) 
     return runs
 
 
-def _ignore_stop_signals() -> None:
-    """Pool worker initializer: a worker stopped between runs could hold the pool's queue lock and hang the others
-    (the pool ends idle workers with a message on that queue, not a signal)."""
+#: seconds an orphaned worker (its grid process died) gives its run to stop cleanly before it exits
+ORPHAN_GRACE_S = 10.0
+
+
+def _init_worker(parent: int) -> None:
+    """Pool worker initializer: ignore stop signals between runs (a worker stopped between runs could hold the
+    pool's queue lock and hang the others; the pool ends idle workers with a message on that queue, not a signal),
+    and watch the grid process: see :func:`_watch_parent`."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="watch-grid").start()
+
+
+def _watch_parent(parent: int, poll_s: float = 0.5) -> None:
+    """When the grid process dies (even by SIGKILL) the worker is re-parented: it then sends itself SIGTERM (a
+    running run stops cleanly and saves, as on Ctrl-C) and exits after :data:`ORPHAN_GRACE_S` whatever happens, so
+    no worker outlives its grid for long or keeps writing into run folders a re-run uses."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(128 + signal.SIGTERM)
 
 
 def _stop_run(signum: int, frame: Any) -> None:
@@ -229,6 +248,11 @@ class GridReport:
                 else "grid stopped" if self.not_started else "grid done")
         lines = [f"{head}: {self.count('finished')} finished, {self.count('failed')} failed, "
                  f"{self.count('interrupted')} interrupted, {self.not_started} not started"]
+        diverged = [o for o in self.outcomes if o.state == "finished" and isinstance(o.detail, dict)
+                    and o.detail.get("status") == "nan"]
+        if diverged:
+            lines += [f"{len(diverged)} of the finished runs diverged (a non-finite loss or network; their logs end "
+                      "with run_end = nan):", *(f"  {o.run.run_dir}" for o in diverged)]
         failed = [o for o in self.outcomes if o.state == "failed"]
         if failed:
             lines += ["failed runs:", *(f"  {o.run.run_dir}: {o.detail}" for o in failed)]
@@ -310,7 +334,7 @@ def _drive(todo: Sequence[GridRun], slots: int, start: Callable[[GridRun], Hasha
 
 def _run_pool(todo: Sequence[GridRun], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=_ignore_stop_signals) as pool:
+                             initializer=_init_worker, initargs=(os.getpid(),)) as pool:
         def wait_some(running: dict[Hashable, GridRun]) -> list[Outcome]:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             outcomes = [_outcome(running.pop(f), f.result) for f in done]

@@ -7,6 +7,7 @@ import difflib
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 from probes.plugins import PluginError, load_plugins
@@ -34,6 +35,15 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         cmd.add_arguments(p)
         p.set_defaults(command_parser=p)  # main reports unknown flags with this command's usage
     return parser
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be created in ``folder`` (a read-only file system, permissions, ...), or None."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
 
 
 def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -77,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         parser.exit(2, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
+    if (problem := unwritable(run_dir)) is not None:
+        parser.exit(2, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
     summary = cmd.run(config, run_dir)
     print(json.dumps(summary, indent=1, default=str))
     return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains

@@ -309,6 +309,11 @@ class ProbeCallback(BaseCallback):
         self._probed = True
 
     def _on_training_end(self) -> None:
+        self.finish()
+
+    def finish(self) -> None:
+        """Write the last update's scalars and the ``run_end`` record, and close the log (once; also for a
+        ``learn`` that raised, which skips ``on_training_end``)."""
         if self.runner is not None:
             try:
                 self._read_update()

@@ -156,3 +156,38 @@ def test_run_folders_from_before_the_redesign_stay_done(tmp_path, grid):
     shutil.copytree(data / "runs", tmp_path / "runs")
     runs = plan(load_grid(data / grid), tmp_path / "runs")
     assert runs and [r.status for r in runs] == ["done"] * len(runs)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for a reaper."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_workers_do_not_outlive_a_sigkilled_grid(tmp_path):
+    """SIGKILL to the grid process alone: its workers notice, stop their runs cleanly (model and log saved) and
+    exit within a bounded time instead of training on (or hanging) in folders a re-run would use."""
+    grid = _write(tmp_path / "grid.yml", DQN + "grids: [{act: [relu], steps: [1000000], seed: [0, 1, 2]}]\n")
+    out = tmp_path / "runs"
+    dirs = _run_dirs(grid, out)
+    proc = _grid(grid, out, "--workers", "2", start_new_session=True)
+    _wait_for([d / "run.h5" for d in dirs[:2]], proc)
+    workers = [p for p in _children(proc.pid) if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_text()]
+    assert workers
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.time() + 30
+    while any(_alive(p) for p in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in workers), "a worker outlived its grid"
+    for d in dirs[:2]:
+        assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
+        assert not (d / "DONE.json").exists()

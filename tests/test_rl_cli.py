@@ -328,3 +328,38 @@ def test_each_algorithm_is_declared_once_with_a_complete_schema():
         assert all(f.metadata["help"] for f in dataclasses.fields(spec.settings))
         for entry, layer in hyperparams(name).items():
             assert set(layer or {}) <= set(keys), (name, entry)
+
+
+@pytest.mark.parametrize("args", [
+    ["ppo", "--env", "CartPole-v1", "--hidden", "32", "--set", "n_steps=64", "--batch-size", "32"],
+    ["sac", "--env", "Pendulum-v1", "--hidden", "32,32", "--set", "learning_starts=50", "--batch-size", "32"],
+])
+def test_ppo_and_sac_divergence_ends_the_run_like_dqn(tmp_path, capsys, args):
+    """A huge learning rate: SB3 raises inside a torch distribution (NaN or overflowing outputs); the run ends as
+    diverged with a one-line message, exit status 1, a run_end record, the model and the summary."""
+    from reports.data import run_end
+
+    summary = _train([*args, "--lr", "1e6", "--steps", "2000", "--no-progress", "--out", str(tmp_path)], status=1)
+    assert summary["status"] == "nan" and summary["steps"] < 2000
+    err = capsys.readouterr().err
+    assert "became non-finite" in err and "try a smaller learning rate" in err and "tensor(" not in err
+    run_dir = Path(summary["run_dir"])
+    assert run_end(read_run(run_dir / "run.h5")) == "nan"
+    assert (run_dir / "model.zip").exists() and (run_dir / "summary.json").exists()
+
+
+def test_an_unwritable_run_directory_is_an_exit_2_message(tmp_path, capsys, monkeypatch):
+    """An existing run folder where files cannot be created (read-only file system, permissions: root bypasses
+    chmod, so the failure is injected where the CLI probes the folder) stops before training with exit status 2."""
+    import tempfile
+
+    real = tempfile.TemporaryFile
+
+    def refuse(*args, dir=None, **kwargs):
+        if dir is not None and str(dir).startswith(str(tmp_path)):
+            raise OSError(30, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    err = _error(capsys, ["dqn", "--env", "CartPole-v1", "--steps", "100", "--out", str(tmp_path)])
+    assert "cannot write in the run directory" in err and "Read-only file system" in err

@@ -83,6 +83,24 @@ def online_parameters(model: BaseAlgorithm, algo: str) -> int:
     return sum(count_parameters(net) for net in ALGOS[algo].online(model))
 
 
+def _diverged(model: BaseAlgorithm, algo: str, run_cb: RunCallback, err: Exception) -> bool:
+    """Whether ``err`` (raised inside SB3) means the run diverged: non-finite parameters, or a torch distribution
+    refusing non-finite outputs of the policy (huge but finite weights overflow in the forward pass); if so the run
+    ends as diverged, like a non-finite loss."""
+    bad = [name for net in ALGOS[algo].online(model) for name, p in net.named_parameters()
+           if not torch.isfinite(p).all()]
+    refused = isinstance(err, ValueError) and "found invalid values" in str(err)
+    if not bad and not refused:
+        return False
+    what = (f"the network's parameters became non-finite ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+            if bad else "the network's outputs became non-finite")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0].split(" of distribution")[0][:120]
+    run_cb.stop_reason = "nan"
+    run_cb.stop_message = (f"{what} by step {model.num_timesteps} (SB3 stopped with {type(err).__name__}: {first}); "
+                           f"stopping the run (try a smaller learning rate)")
+    return True
+
+
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -142,10 +160,12 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     try:
         with stop_on_signals(run_cb):
             model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
+    except (ValueError, RuntimeError) as err:
+        if not _diverged(model, config["algo"], run_cb, err):
+            raise
+        run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
     finally:
-        if probe_cb.runner is not None:  # learn raised: close the log so that it stays readable
-            probe_cb.runner.close()
-            probe_cb.runner = None
+        probe_cb.finish()  # a no-op after a normal end; after an error the log is closed readable
         if run_cb.bar is not None:
             run_cb.bar.close()
     model.save(run_dir / "model.zip")
