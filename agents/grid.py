@@ -54,6 +54,7 @@ from tqdm import tqdm
 from probes.plugins import PluginError, load_plugins
 
 from .commands import ConfigError, get_command, read_yaml
+from .runlock import run_lock
 from .signals import STOP_SIGNALS, handling
 
 __all__ = ["GridRun", "Outcome", "GridReport", "expand", "load_grid", "plan", "run_grid", "main"]
@@ -190,16 +191,17 @@ def execute(run: GridRun) -> dict[str, Any]:
         load_plugins(run.imports)
         torch.set_num_threads(1)
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (DONE, ERROR):  # a stale or failed run is redone
-            (run.run_dir / name).unlink(missing_ok=True)
-        try:
-            summary = get_command(run.command).run(run.config, run.run_dir)
-        except Exception:
-            (run.run_dir / ERROR).write_text(traceback.format_exc())
-            raise
-        tmp = run.run_dir / (DONE + ".tmp")
-        tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
-        tmp.replace(run.run_dir / DONE)
+        with run_lock(run.run_dir):  # RunFolderBusy if another process (an earlier grid's worker) still writes here
+            for name in (DONE, ERROR):  # a stale or failed run is redone
+                (run.run_dir / name).unlink(missing_ok=True)
+            try:
+                summary = get_command(run.command).run(run.config, run.run_dir)
+            except Exception:
+                (run.run_dir / ERROR).write_text(traceback.format_exc())
+                raise
+            tmp = run.run_dir / (DONE + ".tmp")
+            tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
+            tmp.replace(run.run_dir / DONE)
     return summary
 
 

@@ -13,8 +13,12 @@ from pathlib import Path
 from probes.plugins import PluginError, load_plugins
 
 from .commands import ConfigError, commands, get_command
+from .runlock import RunFolderBusy, run_lock
 
-__all__ = ["main", "build_parser"]
+#: exit status when another process writes into the run folder
+EXIT_BUSY = 3
+
+__all__ = ["main", "build_parser", "EXIT_BUSY"]
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
@@ -89,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
     if (problem := unwritable(run_dir)) is not None:
         parser.exit(2, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
-    summary = cmd.run(config, run_dir)
+    try:
+        with run_lock(run_dir):
+            summary = cmd.run(config, run_dir)
+    except RunFolderBusy as err:
+        print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
+        return EXIT_BUSY
     print(json.dumps(summary, indent=1, default=str))
     return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains
 

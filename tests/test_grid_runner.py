@@ -191,3 +191,32 @@ def test_workers_do_not_outlive_a_sigkilled_grid(tmp_path):
     for d in dirs[:2]:
         assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
         assert not (d / "DONE.json").exists()
+
+
+def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path):
+    """A re-run while an earlier grid's worker still writes into a run folder: that run fails with a message naming
+    the holder, nothing in the folder is touched, and the others go on."""
+    from agents.grid import execute, run_grid
+    from agents.runlock import run_lock
+
+    grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, tanh]}]\n")
+    runs = plan(load_grid(grid), tmp_path / "runs")
+    held = runs[0].run_dir
+    held.mkdir(parents=True)
+    (held / "DONE.json").write_text("{}")  # an earlier result that must survive
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; from agents.runlock import run_lock\n"
+                              "with run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", str(held)],
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(Exception, match=f"in use by pid {child.pid}"):
+            execute(runs[0])
+        assert (held / "DONE.json").read_text() == "{}"
+        report = run_grid(runs, progress=False)
+        assert [o.state for o in report.outcomes] == ["failed", "finished"]
+        assert "in use by pid" in report.outcomes[0].detail
+    finally:
+        child.kill()
+        child.wait()
+    with run_lock(held):  # released with the dead holder
+        pass
