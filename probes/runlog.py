@@ -2,7 +2,7 @@
 
 This module is the only place that knows the file layout::
 
-    /                       attrs: format='interference-runlog', format_version=1,
+    /                       attrs: format='interference-runlog', format_version=2 (1 still read),
                                    config (JSON), seed, provenance (JSON), device,
                                    probe_settings (JSON), json_attrs (JSON list of the attrs
                                    stored as JSON), resumes (JSON, after a resume), extra attrs
@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,7 +40,10 @@ import numpy as np
 from .provenance import provenance
 
 FORMAT = "interference-runlog"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: versions this code reads: 1 (no checksums or fill values), 2 (Fletcher-32 checksums per chunk; unwritten steps
+#: read as -1, unwritten float values as NaN)
+READABLE_VERSIONS = (1, 2)
 
 #: File format bounds: SWMR needs at least the HDF5 1.10 format; files stay readable by
 #: HDF5 >= 1.10 (h5py >= 2.7) as long as no newer feature is used.
@@ -53,6 +57,7 @@ _RESERVED_ATTRS = frozenset(
      "json_attrs", "resumes"}
 )
 _CHUNK_BYTES = 64 * 1024
+UNWRITTEN_STEP = -1  # what a step entry reads as when its chunk never reached the disk
 _MAX_CHUNK_ROWS = 1024
 
 
@@ -244,7 +249,7 @@ class Run:
     scalars: dict[str, tuple[np.ndarray, np.ndarray]]
 
 
-def read_run(path: str | os.PathLike) -> Run:
+def read_run(path: str | os.PathLike, *, swmr: bool = True) -> Run:
     """Read a run log, also while its writer is still appending (SWMR read).
 
     Returns the complete records only: every field is truncated to ``len(step)``.
@@ -254,7 +259,7 @@ def read_run(path: str | os.PathLike) -> Run:
         RunLogError: not an HDF5 file, corrupt or truncated, or not a run log.
     """
     path = os.fspath(path)
-    with _open_read(path) as f:
+    with _open_read(path, swmr) as f:
         try:
             attrs = _decode_attrs(f.attrs)
             probes = {}
@@ -266,7 +271,7 @@ def read_run(path: str | os.PathLike) -> Run:
                 scalars[name] = (columns["step"], columns["value"])
             return Run(path=path, config=attrs["config"], seed=attrs["seed"], attrs=attrs,
                        probes=probes, scalars=scalars)
-        except (OSError, KeyError, json.JSONDecodeError) as err:
+        except (OSError, KeyError, json.JSONDecodeError, TypeError, AttributeError, ValueError) as err:
             raise RunLogError(f"{path}: corrupt run log: {err!r}") from err
 
 
@@ -283,7 +288,7 @@ def find_runs(path_or_dir: str | os.PathLike) -> list[str]:
 # --- file access --------------------------------------------------------------------
 
 
-def _open_read(path: str) -> h5py.File:
+def _open_read(path: str, swmr: bool = True) -> h5py.File:
     """Open a run log read-only in SWMR mode; RunLogError unless it is one."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such run log: {path}")
@@ -291,7 +296,7 @@ def _open_read(path: str) -> h5py.File:
         raise RunLogError(f"{path}: not an HDF5 file (no HDF5 signature)")
     _check_not_truncated(path)
     try:
-        f = h5py.File(path, "r", libver="latest", swmr=True)
+        f = h5py.File(path, "r", libver="latest", swmr=swmr)
     except BlockingIOError as err:
         raise RunLogError(f"{path}: locked by another process writing it outside SWMR mode "
                           f"(e.g. a RunLog still creating it): {err}") from err
@@ -333,9 +338,9 @@ def _check_format(f: h5py.File, path: str) -> None:
         raise RunLogError(f"{path}: not an interference run log "
                           f"(root attribute 'format' is {found}, expected {FORMAT!r})")
     version = f.attrs.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise RunLogError(f"{path}: run log format_version {version} is not supported "
-                          f"(this code reads version {FORMAT_VERSION})")
+                          f"(this code reads versions {', '.join(map(str, READABLE_VERSIONS))})")
     if "probes" not in f or "scalars" not in f:
         raise RunLogError(f"{path}: corrupt run log: missing /probes or /scalars group")
 
@@ -419,11 +424,15 @@ def _check_schema(probes: Mapping[str, Mapping[str, Field]], scalars: Sequence[s
 
 
 def _create_column(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: str) -> None:
-    """Create an empty resizable dataset of records of `shape`, chunked to ~64 KiB."""
+    """Create an empty resizable dataset of records of `shape`, chunked to ~64 KiB, with a Fletcher-32 checksum
+    per chunk (a corrupted chunk raises on read instead of returning garbage) and fill values that mark what was
+    never written: -1 for steps (never a real step), NaN for floating-point values."""
     record_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     rows = min(_MAX_CHUNK_ROWS, max(1, _CHUNK_BYTES // record_bytes))
-    group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape),
-                         chunks=(rows, *shape), dtype=dtype)
+    kind = np.dtype(dtype).kind
+    fill = UNWRITTEN_STEP if name == "step" else (np.nan if kind in "fc" else None)
+    group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), chunks=(rows, *shape), dtype=dtype,
+                         fletcher32=True, fillvalue=fill)
 
 
 def _declare(f: h5py.File, path: str, probes: Mapping[str, Mapping[str, Field]],
@@ -476,8 +485,14 @@ def _trim_partial_records(f: h5py.File) -> dict[tuple[str, str], int]:
 
 
 def _read_group(group: h5py.Group, path: str) -> dict[str, np.ndarray]:
-    """All datasets of a probe/scalar group, truncated to the complete records."""
+    """All datasets of a probe/scalar group, truncated to the complete records: those before the first step that
+    was never written (a failed write, e.g. a full disk), with a warning naming how many were refused."""
     step = group["step"][()]
+    unwritten = np.flatnonzero(step == UNWRITTEN_STEP)
+    if len(unwritten):
+        warnings.warn(f"{path}: {group.name}: {len(step) - unwritten[0]} of {len(step)} records were never fully "
+                      f"written (a failed write); reading the first {unwritten[0]}", RuntimeWarning, stacklevel=3)
+        step = step[: unwritten[0]]
     columns = {"step": step}
     for name, dataset in group.items():
         if name == "step":

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from probes.logcheck import check_logs
 from probes.runlog import Run, RunLogError, find_runs, read_run
 
 __all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "warn"]
@@ -37,8 +38,9 @@ def _read(path: str) -> Run:
 def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
     """Every run log in `paths` (files, or directories searched recursively), each once.
 
-    A run log found in a directory that cannot be read is skipped with a warning on stderr naming it and the
-    reason. Raises RunLogError naming the path for a missing path, a directory without ``*.h5`` files, a file
+    Every file is first read completely in a child process (:func:`probes.logcheck.check_logs`, 5 s per file), so
+    a corrupt file cannot hang or crash the report. A run log found in a directory that cannot be read is skipped
+    with a warning on stderr naming it and the reason. Raises RunLogError naming the path for a missing path, a directory without ``*.h5`` files, a file
     named in `paths` that is not a readable run log, or when no run log at all is readable.
     """
     named: dict[str, bool] = {}  # real path -> named in `paths` (not only found in a directory)
@@ -53,8 +55,11 @@ def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
             real = os.path.realpath(path)
             named[real] = named.get(real, False) or not os.path.isdir(arg)
     runs, unreadable = [], []
+    problems = check_logs(list(named))  # in a child process: a corrupt file cannot hang or crash this one
     for path, strict in named.items():
         try:
+            if problems.get(path):
+                raise RunLogError(f"{path}: {problems[path]}" if path not in problems[path] else problems[path])
             runs.append(_read(path))
         except RunLogError as err:
             if strict:

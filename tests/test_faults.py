@@ -76,3 +76,93 @@ def test_two_writers_started_together_one_runs_one_is_refused(tmp_path):
     assert winner.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
     run = read_run(_run_dir(tmp_path) / "run.h5")
     assert run.scalars["run_end"][1][-1] == 1  # interrupted
+
+
+def test_a_format_1_log_stays_readable():
+    """tests/data/runlog_v1.h5 was written by the code of commit 55b829d (format_version 1, no checksums)."""
+    run = read_run(ROOT / "tests" / "data" / "runlog_v1.h5")
+    assert run.attrs["format_version"] == 1 and run.config == {"algo": "dqn", "lr": 0.001}
+    assert list(run.probes["sparsity"]["step"]) == [0, 10, 20, 30, 40]
+    assert list(run.scalars["episode_return"][1]) == [-100.0, -99.0, -98.0, -97.0, -96.0]
+
+
+def _small_log(path: Path) -> None:
+    import numpy as np
+
+    from probes import Field, RunLog
+
+    with RunLog(path, config={"algo": "dqn", "lr": 0.001, "act": "elephant"}, seed=0,
+                probes={"gradcov": {"td": Field((8, 8))}, "sparsity": {"dormant": Field((3,))}},
+                scalars=("episode_return",)) as log:
+        rng = np.random.default_rng(0)
+        for t in range(20):
+            log.append("gradcov", t * 10, td=rng.uniform(-1, 1, (8, 8)))
+            log.append("sparsity", t * 10, dormant=rng.uniform(0, 1, 3))
+            log.scalar("episode_return", t * 10, float(t))
+
+
+def _same(a, b) -> bool:
+    import numpy as np
+
+    if a.config != b.config or a.seed != b.seed or a.probes.keys() != b.probes.keys() or a.scalars.keys() != b.scalars.keys():
+        return False
+    for probe, cols in a.probes.items():
+        if cols.keys() != b.probes[probe].keys() or not all(np.array_equal(v, b.probes[probe][k]) for k, v in cols.items()):
+            return False
+    return all(np.array_equal(a.scalars[k][i], b.scalars[k][i]) for k in a.scalars for i in (0, 1))
+
+
+def test_corrupt_logs_are_rejected_or_read_correctly_within_seconds(tmp_path):
+    """A corpus of corrupted copies of one log (random bytes at offsets spread over the file, truncations): each is
+    either refused with a reason or reads exactly like the original, and the check takes at most 5 s per file (a
+    child process; HDF5 can loop on corrupt metadata). Reading never returns garbage."""
+    import numpy as np
+
+    from probes.logcheck import check_logs
+
+    good = tmp_path / "good.h5"
+    _small_log(good)
+    original = read_run(good)
+    data = good.read_bytes()
+    rng = np.random.default_rng(1)
+    corpus = []
+    offsets = sorted({100, *rng.integers(0, len(data), 40).tolist(), *range(0, 2048, 128)})
+    for i, offset in enumerate(offsets):
+        bad = bytearray(data)
+        bad[offset: offset + 16] = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
+        corpus.append(tmp_path / f"bytes_{i}_{offset}.h5")
+        corpus[-1].write_bytes(bytes(bad))
+    for cut in (10, 1000, len(data) // 2, len(data) - 1):
+        corpus.append(tmp_path / f"cut_{cut}.h5")
+        corpus[-1].write_bytes(data[:cut])
+    for path in corpus:  # finished logs (files modified in the last minute may be live and get slower SWMR retries)
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    start = time.monotonic()
+    verdicts = check_logs(corpus)
+    assert time.monotonic() - start < 30, "the check is meant to take well under a second per file"
+    garbage = []
+    for path in corpus:
+        if verdicts[str(path)] is None:
+            if not _same(read_run(path), original):
+                garbage.append(path.name)
+    assert not garbage, f"read as valid but different from the original: {garbage}"
+    assert sum(v is not None for v in verdicts.values()) >= len(corpus) // 4  # most damage is detected, not absent
+
+
+def test_reports_skip_a_corrupt_log_instead_of_hanging(tmp_path, capsys):
+    """Random bytes at offset 100 of a valid log used to hang `python -m reports` inside h5py for ever."""
+    import numpy as np
+
+    from reports.cli import load_runs
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    _small_log(folder / "good.h5")
+    data = bytearray((folder / "good.h5").read_bytes())
+    data[100:116] = np.random.default_rng(0).integers(0, 256, 16, dtype=np.uint8).tobytes()
+    (folder / "bad.h5").write_bytes(bytes(data))
+    start = time.monotonic()
+    runs = load_runs([folder])
+    assert time.monotonic() - start < 30
+    assert [Path(r.path).name for r in runs] == ["good.h5"]
+    assert "skipping" in capsys.readouterr().err

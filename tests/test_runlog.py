@@ -62,7 +62,7 @@ def test_round_trip_schema_and_attrs(tmp_path):
     assert run.config == {"lr": 0.001, "layers": [64, 64]}
     assert run.seed == 3
     assert run.attrs["format"] == "interference-runlog"
-    assert run.attrs["format_version"] == 1
+    assert run.attrs["format_version"] == 2
     assert run.attrs["device"] == "cuda:0"
     assert run.attrs["probe_settings"] == {"every": 100}
     assert run.attrs["agent"] == "dqn" and run.attrs["tags"] == ["a", "b"]
