@@ -5,20 +5,24 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import re
 import sys
 import tempfile
 from pathlib import Path
 
 from probes.plugins import PluginError, load_plugins
+from probes.runlog import RunLogWriteError
 
 from .commands import ConfigError, commands, get_command
 from .runlock import RunFolderBusy, run_lock
 
 #: exit status when another process writes into the run folder
 EXIT_BUSY = 3
+#: exit status when the run log cannot be written (full disk, I/O error, file size limit)
+EXIT_IO = 4
 
-__all__ = ["main", "build_parser", "EXIT_BUSY"]
+__all__ = ["main", "build_parser", "EXIT_BUSY", "EXIT_IO"]
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
@@ -99,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunFolderBusy as err:
         print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
         return EXIT_BUSY
+    except RunLogWriteError as err:
+        print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # HDF5 objects of a file whose writes failed can crash the interpreter when they are freed at exit
+        # (segmentation fault): leave at once, with the status that says what happened
+        os._exit(EXIT_IO)
     print(json.dumps(summary, indent=1, default=str))
     return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains
 

@@ -9,11 +9,11 @@ probe's fields mean (reports read it); ``probes.plugins`` loads users' plugin mo
 from .builtin import (PROBES, GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe, make_probe,
                       register_probe)
 from .probe import Probe, ProbeContext
-from .runlog import Field, Run, RunLog, RunLogError, find_runs, read_run
+from .runlog import Field, Run, RunLog, RunLogError, RunLogWriteError, find_runs, read_run
 from .runner import ProbeRunner
 from .schema import FieldDoc, ProbeSchema
 
 __all__ = [
     "PROBES", "Field", "FieldDoc", "GradCovProbe", "NTKProbe", "OutputsProbe", "Probe", "ProbeContext", "ProbeRunner", "ProbeSchema", "Run", "RunLog",
-    "RunLogError", "SparsityProbe", "WeightsProbe", "find_runs", "make_probe", "read_run", "register_probe",
+    "RunLogError", "RunLogWriteError", "SparsityProbe", "WeightsProbe", "find_runs", "make_probe", "read_run", "register_probe",
 ]

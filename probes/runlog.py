@@ -61,6 +61,10 @@ UNWRITTEN_STEP = -1  # what a step entry reads as when its chunk never reached t
 _MAX_CHUNK_ROWS = 1024
 
 
+class RunLogWriteError(OSError):
+    """Writing the run log failed (full disk, I/O error, file size limit): the run cannot go on."""
+
+
 class RunLogError(ValueError):
     """A file is not a readable run log, or does not match what the writer declares."""
 
@@ -169,6 +173,7 @@ class RunLog:
             f.close()
             raise
         self._file = f
+        self._write_error: str | None = None
         # HDF5 drops its own lock in SWMR mode; a shared lock tells a later RunLog on the
         # same path that this writer is alive (readers take shared locks too).
         self._lock_fd = os.open(self.path, os.O_RDONLY)
@@ -205,23 +210,38 @@ class RunLog:
     def _write_record(self, key: tuple[str, str], step: np.int64, values: Mapping[str, Any]) -> None:
         """Write row n (n = number of complete records) of the group ``/<kind>/<name>``:
         the values first, then ``step``, which makes the record visible to readers. A partial
-        row left by a failed write is overwritten."""
-        group = self._file[key[0]][key[1]]
-        n = self._counts[key]
-        for name, value in values.items():
-            _write_row(group[name], n, value)
-        self._file.flush()
-        _write_row(group["step"], n, step)
-        self._file.flush()
+        row left by a failed write is overwritten. A failed write (full disk, I/O error, file size limit) raises
+        :class:`RunLogWriteError` and every later write does too: the run must stop."""
+        if self._write_error is not None:
+            raise RunLogWriteError(f"{self.path}: cannot write the run log (an earlier write failed: "
+                                   f"{self._write_error}); records written before stay readable")
+        try:
+            group = self._file[key[0]][key[1]]
+            n = self._counts[key]
+            for name, value in values.items():
+                _write_row(group[name], n, value)
+            self._file.flush()
+            _write_row(group["step"], n, step)
+            self._file.flush()
+        except (OSError, RuntimeError) as err:
+            cause = getattr(err, "strerror", None) or str(err).splitlines()[0] or type(err).__name__
+            self._write_error = cause
+            raise RunLogWriteError(f"{self.path}: cannot write the run log ({cause}): the disk may be full or failing; "
+                                   "records written so far stay readable") from err
         self._counts[key] = n + 1
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
+        """Close the file (idempotent); after a write error the close may fail too, which is not raised again."""
         if self._lock_fd is None:
             return
-        self._file.close()
-        os.close(self._lock_fd)
-        self._lock_fd = None
+        try:
+            self._file.close()
+        except (OSError, RuntimeError):
+            if self._write_error is None:
+                raise
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> RunLog:
         return self

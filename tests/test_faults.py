@@ -166,3 +166,34 @@ def test_reports_skip_a_corrupt_log_instead_of_hanging(tmp_path, capsys):
     assert time.monotonic() - start < 30
     assert [Path(r.path).name for r in runs] == ["good.h5"]
     assert "skipping" in capsys.readouterr().err
+
+
+def test_a_write_error_in_hdf5_stops_the_run_visibly(tmp_path):
+    """RLIMIT_FSIZE in the child makes the kernel refuse HDF5's own C writes past 300 kB (EFBIG, with SIGXFSZ
+    ignored): the run stops with exit status 4 and a message, and the log reads back only complete records."""
+    import resource
+
+    import numpy as np
+
+    from agents.train import EXIT_IO
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    proc = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
+                           "--hidden", "16", "--set", "learning_starts=50", "--steps", "20000", "--probe",
+                           "gradcov,weights", "--probe-every", "20", "--no-progress", "--out", str(tmp_path)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]  # (h5py prints its own reports of freed objects before it)
+    assert "cannot write the run log" in last and "File too large" in last
+    log = _run_dir(tmp_path) / "run.h5"
+    try:
+        run = read_run(log)
+    except Exception as err:  # refused as a whole is fine too, as long as it says so
+        assert "run log" in str(err) or str(log) in str(err)
+        return
+    steps = run.probes["gradcov"]["step"]
+    assert len(steps) > 0 and np.all(np.diff(steps) > 0) and np.all(steps >= 0)
+    assert not np.any(np.all(run.probes["gradcov"]["td"] == 0, axis=(1, 2)))  # no zero-filled records
