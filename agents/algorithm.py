@@ -81,7 +81,7 @@ class Algorithm:
             raise TypeError(f"Algorithm {name!r}: config must be a dataclass, got {config!r}")
         self.name, self.help, self.config_class, self.train, self.folder = name, help, config, train, tuple(folder)
         self.types = typing.get_type_hints(config)
-        self.fields = {f.name: f for f in dataclasses.fields(config)}
+        self.fields = {f.name: f for f in dataclasses.fields(config) if f.init}  # field(init=False): derived
         missing = [k for k in ("seed", *self.folder) if k not in self.fields]
         if missing:
             raise TypeError(f"Algorithm {name!r}: config has no fields {missing}")
@@ -114,7 +114,7 @@ class Algorithm:
             cfg = self.config_class(**typed)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{self.name}: {err}") from None
-        return {"algo": self.name, **dataclasses.asdict(cfg)}
+        return {"algo": self.name, **{k: v for k, v in dataclasses.asdict(cfg).items() if k in self.fields}}
 
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
         path = Path(out) / self.name

@@ -54,14 +54,21 @@ def check_logs(paths: Sequence[str | os.PathLike], timeout_s: float = TIMEOUT_S)
 
 def _collect(child: subprocess.Popen, expected: Sequence[str], each_s: float) -> dict[str, str | None]:
     """The child's results in order, until one takes longer than ``each_s`` or the child stops (its start-up, up
-    to its ``ready`` line, may take :data:`_START_S`)."""
+    to its ``ready`` line, may take :data:`_START_S`). Lines are read from the raw pipe with a buffer of our own,
+    so that a result already received is never mistaken for a file still being read."""
     out: dict[str, str | None] = {}
+    fd = child.stdout.fileno()
+    buffer = b""
     limit = _START_S
     while len(out) < len(expected):
-        ready, _, _ = select.select([child.stdout], [], [], limit)
-        line = child.stdout.readline() if ready else b""
-        if not line:
-            break
+        deadline = time.monotonic() + limit
+        while b"\n" not in buffer:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 65536) if ready else b""
+            if not chunk:
+                return out
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
         item = json.loads(line)
         limit = each_s
         if "path" in item:
@@ -69,15 +76,16 @@ def _collect(child: subprocess.Popen, expected: Sequence[str], each_s: float) ->
     return out
 
 
-#: a file modified this recently may have a live writer: a failed plain read is retried as an SWMR read
-LIVE_S = 60.0
+#: what HDF5 says when a plain read meets a file an SWMR writer has open or did not close (killed): such files
+#: are read again in SWMR mode (which retries failed checksums for seconds, so it is not the first try)
+_OPEN_FOR_WRITE = ("already open for write", "h5clear", "consistency flags", "unable to lock file")
 
 
 def _child() -> None:
     """Read each file named on the command line; print ``{"path", "error"}`` per file as one JSON line.
 
-    A plain (non-SWMR) read verifies checksums at once; SWMR reads retry failed checksums for seconds (the file may
-    be changing), so they are used only to retry files modified within :data:`LIVE_S` seconds."""
+    A plain (non-SWMR) read verifies checksums at once; a file that an SWMR writer has open, or left open when it
+    was killed, is read again in SWMR mode (which retries failed checksums for seconds: not the first try)."""
     from .runlog import RunLogError, read_run
 
     print(json.dumps({"ready": True}), flush=True)
@@ -92,6 +100,6 @@ def _child() -> None:
                 break
             except (RunLogError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
                 error = str(err).splitlines()[0] if str(err) else type(err).__name__
-                if not os.path.exists(path) or time.time() - os.path.getmtime(path) > LIVE_S:
+                if not any(text in str(err) for text in _OPEN_FOR_WRITE):
                     break
         print(json.dumps({"path": path, "error": error}), flush=True)

@@ -510,9 +510,12 @@ def _read_group(group: h5py.Group, path: str) -> dict[str, np.ndarray]:
     step = group["step"][()]
     unwritten = np.flatnonzero(step == UNWRITTEN_STEP)
     if len(unwritten):
-        warnings.warn(f"{path}: {group.name}: {len(step) - unwritten[0]} of {len(step)} records were never fully "
-                      f"written (a failed write); reading the first {unwritten[0]}", RuntimeWarning, stacklevel=3)
-        step = step[: unwritten[0]]
+        first = unwritten[0]
+        if np.any(step[first:] != UNWRITTEN_STEP):  # written records after an unwritten one: a failed write
+            warnings.warn(f"{path}: {group.name}: {len(step) - first} of {len(step)} records are refused from the "
+                          f"first one never fully written (a failed write); reading the first {first}",
+                          RuntimeWarning, stacklevel=3)
+        step = step[:first]  # trailing unwritten entries: a record in progress (live writer) or cut by a failure
     columns = {"step": step}
     for name, dataset in group.items():
         if name == "step":
@@ -535,6 +538,8 @@ def _write_row(dataset: h5py.Dataset, row: int, value: Any) -> None:
 def _as_step(step: int) -> np.int64:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
         raise TypeError(f"step must be an int, got {type(step).__name__}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0 (a training step; -1 marks unwritten entries), got {step}")
     return np.int64(step)
 
 

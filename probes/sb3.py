@@ -311,11 +311,13 @@ class ProbeCallback(BaseCallback):
     def _on_training_end(self) -> None:
         self.finish()
 
-    def finish(self) -> None:
-        """Write the last update's scalars and the ``run_end`` record, and close the log (once; also for a
-        ``learn`` that raised, which skips ``on_training_end``)."""
+    def finish(self, write_end: bool = True) -> None:
+        """Write the last update's scalars and (unless ``write_end`` is false, e.g. after a crash) the ``run_end``
+        record, and close the log (once; also for a ``learn`` that raised, which skips ``on_training_end``)."""
         if self.runner is not None:
             try:
+                if not write_end:
+                    return
                 self._read_update()
                 self._write_update()  # the last update, whatever the cadence
                 step = self.model.num_timesteps

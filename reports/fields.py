@@ -64,8 +64,9 @@ def probe_figures(add: Add, groups: Mapping[str, list[Run]], colors: dict[str, s
         for kind in ("per_layer", "layer_range"):
             families: dict[tuple, list[str]] = {}
             for field, doc in docs.items():
-                if doc.plot == kind:
-                    families.setdefault((_labels(doc, field), doc.units), []).append(field)
+                if doc.plot == kind:  # one figure: same entry names, units and record shape
+                    shape = next(r for r in runs if field in r.probes.get(probe, {})).probes[probe][field].shape[1:]
+                    families.setdefault((_labels(doc, field), doc.units, shape), []).append(field)
             for n, family in enumerate(families.values()):
                 _per_layer(add, groups, title, probe, family, docs, kind, f"{_slug(probe)}_{kind}{n}")
 

@@ -197,3 +197,59 @@ def test_a_write_error_in_hdf5_stops_the_run_visibly(tmp_path):
     steps = run.probes["gradcov"]["step"]
     assert len(steps) > 0 and np.all(np.diff(steps) > 0) and np.all(steps >= 0)
     assert not np.any(np.all(run.probes["gradcov"]["td"] == 0, axis=(1, 2)))  # no zero-filled records
+
+
+def test_the_log_of_a_killed_run_passes_the_check_and_reaches_reports(tmp_path):
+    """A SIGKILLed writer leaves its SWMR flag set: a plain read refuses the file, the check retries in SWMR mode."""
+    from probes.logcheck import check_logs
+    from reports.cli import load_runs
+
+    proc = _train(tmp_path, 10**7)
+    log = _wait_for(lambda: _run_dir(tmp_path) / "run.h5", proc)
+    while len(read_run(log).scalars.get("episode_return", ((),))[0]) < 2:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert check_logs([log]) == {str(log): None}
+    assert len(load_runs([tmp_path])) == 1
+
+
+def test_the_check_never_blames_a_file_for_the_next_ones_time():
+    """Two results arriving in one pipe read, then a slow file: both results count (a buffered line is not lost)."""
+    from probes.logcheck import _collect
+
+    code = ("import json, time; print(json.dumps({'ready': True}) + '\\n' + json.dumps({'path': 'a', 'error': None})"
+            " + '\\n' + json.dumps({'path': 'b', 'error': None}), flush=True); time.sleep(10)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert _collect(child, ["a", "b", "c"], 1.0) == {"a": None, "b": None}
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_crashed_run_leaves_no_run_end(tmp_path, monkeypatch):
+    """A genuine error (not a divergence) inside training: the log is closed readable, without a run_end record, so
+    reports do not count the run as finished."""
+    import pytest
+
+    from agents.train import main
+    from probes.builtin import WeightsProbe
+    from reports.data import finished, run_end
+
+    calls = []
+    real = WeightsProbe.compute
+
+    def flaky(self, ctx):
+        calls.append(ctx.step)
+        if len(calls) == 3:
+            raise KeyError("injected")
+        return real(self, ctx)
+
+    monkeypatch.setattr(WeightsProbe, "compute", flaky)
+    with pytest.raises(KeyError, match="injected"):
+        main(["dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "16", "--set", "learning_starts=50",
+              "--steps", "2000", "--probe", "weights", "--probe-every", "100", "--no-progress", "--out", str(tmp_path)])
+    run = read_run(_run_dir(tmp_path) / "run.h5")
+    assert run_end(run) is None and not finished(run)
+    assert len(run.probes["weights"]["step"]) == 2

@@ -234,3 +234,11 @@ def test_find_runs(tmp_path):
     assert find_runs(tmp_path / "a.h5") == [str(tmp_path / "a.h5")]
     with pytest.raises(FileNotFoundError):
         find_runs(tmp_path / "missing")
+
+
+def test_negative_steps_are_refused(tmp_path):
+    from probes.runlog import Field as F, RunLog as Log
+
+    with Log(tmp_path / "r.h5", config={}, seed=0, probes={"p": {"x": F(())}}, scalars=("s",)) as log:
+        with pytest.raises(ValueError, match="step must be >= 0"):
+            log.scalar("s", -1, 1.0)

@@ -157,15 +157,20 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                              n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
                              end_status=lambda: run_cb.stop_reason or "finished",
                              context=ALGOS[config["algo"]].probe_context)
+    ended = False  # whether the run ended in a way run_end can say (finished, interrupted, diverged)
     try:
         with stop_on_signals(run_cb):
             model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
+        ended = True
     except (ValueError, RuntimeError) as err:
         if not _diverged(model, config["algo"], run_cb, err):
             raise
+        ended = True
         run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
     finally:
-        probe_cb.finish()  # a no-op after a normal end; after an error the log is closed readable
+        # a no-op after a normal end; otherwise the log is closed readable, with run_end only for a divergence (a
+        # crash leaves none: the run did not finish, and readers treat a log without run_end so)
+        probe_cb.finish(write_end=ended)
         if run_cb.bar is not None:
             run_cb.bar.close()
     model.save(run_dir / "model.zip")

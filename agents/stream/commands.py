@@ -23,7 +23,7 @@ from probes import PROBES, Field, ProbeContext, ProbeRunner, RunLog, make_probe
 
 from ..commands import ConfigError
 from .edit import EditConfig, edit
-from .learner import Ensemble, StreamConfig, train_stream
+from .learner import Ensemble, StreamConfig, build_net, train_stream
 
 __all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes"]
 
@@ -72,6 +72,10 @@ def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
         raise ConfigError(f"srnn_lambda must be >= 0, got {cfg.srnn_lambda!r}")
     if not 0 < cfg.srnn_beta < 1:
         raise ConfigError(f"srnn_beta must be in (0, 1), got {cfg.srnn_beta!r}")
+    try:
+        build_net(cfg, 0)  # the activation's width rules (e.g. Maxout's width divisible by k)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"--act {cfg.act} with width {cfg.width}: {err}") from None
     return cfg
 
 
