@@ -17,18 +17,21 @@ from probes import Field, FieldDoc, Probe, ProbeContext, ProbeRunner, ProbeSchem
 
 
 class ScaledCReLU(nn.Module):
-    """``scale * [relu(x), relu(-x)]``: twice as many outputs as inputs."""
+    """``scale * [relu(x), gamma * relu(-x)]``: twice as many outputs as inputs."""
 
-    def __init__(self, scale: float = 1.0) -> None:
+    def __init__(self, scale: float = 1.0, gamma: float = 1.0) -> None:
         super().__init__()
-        self.scale = float(scale)
+        self.scale, self.gamma = float(scale), float(gamma)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * torch.cat([torch.relu(x), torch.relu(-x)], dim=-1)
+        return self.scale * torch.cat([torch.relu(x), self.gamma * torch.relu(-x)], dim=-1)
 
 
 register_activation(ActivationSpec(
-    "test_crelu", ScaledCReLU, {"scale": ActArg(float, "CReLU output scale")}, layer_norm=True, sigma_bias=0.1,
+    "test_crelu", ScaledCReLU, {"scale": ActArg(float, "CReLU output scale"),
+                                # named like an RL setting: set with --set act_kwargs=..., never shadows --set gamma
+                                "gamma": ActArg(float, "CReLU weight of the negative half")},
+    layer_norm=True, sigma_bias=0.1,
     width_rule=lambda module, width: 2 * width))
 
 

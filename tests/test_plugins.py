@@ -43,7 +43,7 @@ def test_a_bad_plugin_module_is_named():
 
 def test_plugin_activation_in_sb3_dqn_width_matched_and_probed(tmp_path):
     _run("agents.train", "--import", "plugin_example", "dqn", "--env", "CartPole-v1", "--act", "test_crelu",
-         "--scale", "0.5", "--no-ln", "--hidden", "64", "--match-width", "--steps", "300", "--set", "learning_starts=50",
+         "--scale", "0.5", "--set", "gamma=0.9", "--no-ln", "--hidden", "64", "--match-width", "--steps", "300", "--set", "learning_starts=50",
          "--probe", "sparsity,weights,mean_abs_output", "--probe-every", "100", "--no-progress", "--out", str(tmp_path))
     (run_dir,) = [p.parent for p in tmp_path.rglob("config.yaml")]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -51,6 +51,7 @@ def test_plugin_activation_in_sb3_dqn_width_matched_and_probed(tmp_path):
     # without LayerNorm has 5w + 2*2w+2 (twice the outputs into the head): w = 78
     assert config["act"] == "test_crelu" and config["layer_norm"] is False and config["sigma_bias"] == 0.1
     assert config["act_kwargs"] == {"scale": 0.5} and config["derived"]["hidden"]["q"] == [78]
+    assert config["gamma"] == 0.9  # the RL setting, not the activation's argument of the same name
     run = read_run(run_dir / "run.h5")
     assert run.attrs["provenance"]["plugins"].keys() == {"plugin_example"}
     assert run.attrs["probe_settings"]["sparsity"]["layers"] == ["q_net.1"]  # Linear, CReLU, head

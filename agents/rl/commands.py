@@ -11,7 +11,7 @@ from typing import Any
 from interference.activation_spec import ActArg, activation_names, activation_spec
 
 from .algos import ALGOS
-from .config import resolve, run_tag
+from .config import act_args, resolve, run_tag
 from .settings import checks, describe
 
 __all__ = ["RLCommand", "COMMANDS"]
@@ -50,7 +50,7 @@ def _activation_arguments() -> dict[str, tuple[ActArg, list[str]]]:
     for name in activation_names():
         for arg, declared in activation_spec(name).arguments.items():
             out.setdefault(arg, (declared, []))[1].append(name)
-    return dict(sorted(out.items()))
+    return {arg: out[arg] for arg in act_args()}
 
 
 class RLCommand:

@@ -32,7 +32,7 @@ from . import checks as c
 from .algos import ALGOS
 from .derive import derive
 from .envs import check_env_id, is_atari
-from .settings import OPTIMIZERS, checks
+from .settings import OPTIMIZERS, DQNSettings, PPOSettings, SACSettings, checks
 
 __all__ = ["ALIASES", "act_args", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
 
@@ -41,9 +41,16 @@ __all__ = ["ALIASES", "act_args", "resolve", "hyperparams", "run_tag", "algo_kwa
 ALIASES = {"lr": "learning_rate", "steps": "n_timesteps", "hidden": "net_arch", "ln": "layer_norm",
            "threads": "torch_threads"}
 #: activation arguments are settable as flags (--d, --a, --k, ...); they go into ``act_kwargs``
+#: flag and setting names an activation argument may not take over (such an argument is set with
+#: --set act_kwargs="{name: value}" instead)
+RESERVED = frozenset({*ALIASES, *checks(SACSettings), *checks(DQNSettings), *checks(PPOSettings), "config", "set",
+                      "out", "import"})
+
+
 def act_args() -> tuple[str, ...]:
-    """Arguments of every registered activation (activations registered by plugins included)."""
-    return tuple(sorted({a for n in activation_names() for a in activation_spec(n).arguments}))
+    """Arguments of every registered activation (plugins' included) that are flags of their own: all but those
+    named like a setting or another flag (:data:`RESERVED`)."""
+    return tuple(sorted({a for n in activation_names() for a in activation_spec(n).arguments} - RESERVED))
 
 
 
