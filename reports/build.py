@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from matplotlib.figure import Figure
 from probes.runlog import Run
 
 from . import data, plots
-from .fields import probe_figures
+from .fields import probe_figures, slug
 from .html import Table, write_index
 
 __all__ = ["build_report", "run_tables", "SCALARS"]
@@ -29,10 +28,6 @@ __all__ = ["build_report", "run_tables", "SCALARS"]
 SCALARS = ("episode_return", "test_mse", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
 
 _Sections = dict[str, list[tuple[str, str]]]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
 
 class _Writer:
@@ -56,7 +51,7 @@ def _learning_curves(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[s
         if curves:
             fig = plots.mean_curves({name: curves}, colors=colors)
             w.add("Learning curves", f"{name}: mean over seeds, shaded ± standard error",
-                  f"curve_{_slug(name)}.png", fig)
+                  f"curve_{slug(name)}.png", fig)
 
 
 def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str],
@@ -68,7 +63,7 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
                   if (records := data.select_records(runs[0], "gradcov", loss, steps))}
         if panels:
             w.add(section, f"{loss} loss: gradient covariance of one seed per configuration",
-                  f"gradcov_{_slug(loss)}.png", plots.gradcov_heatmaps(panels, loss))
+                  f"gradcov_{slug(loss)}.png", plots.gradcov_heatmaps(panels, loss))
         stats = {"mean off-diagonal C_ij": f"{loss}_offdiag_mean",
                  "fraction of negative C_ij": f"{loss}_negative_fraction"}
         curves = {ylabel: {label: s for label, runs in groups.items()
@@ -77,7 +72,7 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
         curves = {ylabel: c for ylabel, c in curves.items() if c}
         if curves:
             w.add(section, f"{loss} loss: interference over time, mean over seeds ± standard error",
-                  f"gradcov_{_slug(loss)}_over_time.png",
+                  f"gradcov_{slug(loss)}_over_time.png",
                   plots.mean_curves(curves, title=f"{loss} loss", colors=colors))
 
 

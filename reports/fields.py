@@ -19,13 +19,14 @@ from probes.schema import FieldDoc
 
 from . import data, plots
 
-__all__ = ["probe_figures"]
+__all__ = ["probe_figures", "slug"]
 
 #: ``add(section, caption, file name, figure)``
 Add = Callable[[str, str, str, Figure], None]
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """``text`` as a safe piece of a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
 
@@ -68,7 +69,7 @@ def probe_figures(add: Add, groups: Mapping[str, list[Run]], colors: dict[str, s
                     shape = next(r for r in runs if field in r.probes.get(probe, {})).probes[probe][field].shape[1:]
                     families.setdefault((_labels(doc, field), doc.units, shape), []).append(field)
             for n, family in enumerate(families.values()):
-                _per_layer(add, groups, title, probe, family, docs, kind, f"{_slug(probe)}_{kind}{n}")
+                _per_layer(add, groups, title, probe, family, docs, kind, f"{slug(probe)}_{kind}{n}")
 
 
 def _curve(add: Add, groups: Mapping[str, list[Run]], colors: dict[str, str], title: str, probe: str, field: str,
@@ -76,7 +77,7 @@ def _curve(add: Add, groups: Mapping[str, list[Run]], colors: dict[str, str], ti
     curves = {label: s for label, group in groups.items()
               if (s := data.probe_series(group, probe, field)) is not None and s.values.ndim == 2}
     if curves:
-        add(title, f"{caption}; mean over seeds ± standard error", f"probe_{_slug(probe)}_{_slug(field)}.png",
+        add(title, f"{caption}; mean over seeds ± standard error", f"probe_{slug(probe)}_{slug(field)}.png",
             plots.mean_curves({doc.units or field: curves}, title=f"{probe}.{field}", colors=colors))
 
 
@@ -86,7 +87,7 @@ def _heatmap(add: Add, groups: Mapping[str, list[Run]], steps: Sequence[int] | N
               for label, group in groups.items()}
     panels = {label: records for label, records in panels.items() if records}
     if panels:
-        add(title, f"{caption}; one seed per configuration", f"probe_{_slug(probe)}_{_slug(field)}.png",
+        add(title, f"{caption}; one seed per configuration", f"probe_{slug(probe)}_{slug(field)}.png",
             plots.heatmaps(panels, f"{probe}.{field}", doc.axes if len(doc.axes) == 2 else ("i", "j")))
 
 
