@@ -14,11 +14,16 @@ from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "commands", "get_command", "read_yaml", "register_command"]
+__all__ = ["Command", "ConfigError", "RunWriteError", "commands", "get_command", "read_yaml", "register_command"]
 
 
 class ConfigError(ValueError):
-    """A config value a command refuses (unknown activation, negative learning rate, unknown env, ...)."""
+    """A config value a command refuses (unknown activation, negative learning rate, unknown env, ...), or a run
+    folder it cannot resume (``agents.train`` exits with status 2)."""
+
+
+class RunWriteError(OSError):
+    """A run cannot write its files (full disk, I/O error, file size limit): it stops (exit status 4)."""
 
 
 def read_yaml(path: str | Path, what: str) -> Any:
@@ -45,7 +50,8 @@ class Command(Protocol):
         """The run's folder under ``out`` (one per configuration and seed)."""
 
     def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-        """Train, write the run's files into ``run_dir`` and return a small summary (JSON-able)."""
+        """Train, write the run's files into ``run_dir`` and return a small summary (JSON-able). A command that
+        checkpoints sets ``resumable = True`` and takes ``resume=True`` to continue from its checkpoint."""
 
 
 # subcommand name -> module defining ``COMMAND``; modules are imported on first use (SB3/ALE load slowly).

@@ -14,9 +14,10 @@ and one or more sub-grids whose lists are crossed::
 
 Every entry is validated by the command before anything runs. A run is finished when its run directory holds
 ``DONE.json`` (written last, with the run's summary) and its saved config (``config.yaml``, or the config in
-``DONE.json`` for commands that write none) equals the grid's config for it, ignoring ``progress`` and
-``torch_threads``; a finished run with another config is stale and is redone. An interrupted grid re-run skips
-finished runs and redoes the rest.
+``DONE.json`` for commands that write none) equals the grid's config for it, ignoring ``progress``,
+``torch_threads`` and ``checkpoint_every``; a finished run with another config is stale and is redone. An
+interrupted grid re-run skips finished runs and redoes the rest; with ``--resume`` it continues unfinished runs of
+commands that checkpoint (dqn, ppo, sac) from their last checkpoint, exactly as if they had not stopped.
 
 Ctrl-C starts no more runs; the running ones get the signal too (they share the terminal's process group) and
 stop cleanly; the grid then prints what finished, was interrupted or was not started and exits with status 130.
@@ -43,7 +44,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,9 @@ import yaml
 from tqdm import tqdm
 
 from probes.plugins import PluginError, load_plugins
+from probes.runlog import RunLogWriteError
 
-from .commands import ConfigError, get_command, read_yaml
+from .commands import ConfigError, RunWriteError, commands, get_command, read_yaml
 from .runlock import run_lock
 from .signals import STOP_SIGNALS, handling
 
@@ -62,7 +64,7 @@ __all__ = ["GridRun", "Outcome", "GridReport", "expand", "load_grid", "plan", "r
 DONE = "DONE.json"
 ERROR = "ERROR.txt"
 #: config keys that do not change a run's results: a change in them does not make a finished run stale
-IGNORED_KEYS = ("progress", "torch_threads")
+IGNORED_KEYS = ("progress", "torch_threads", "checkpoint_every")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class GridRun:
     config: dict[str, Any]
     run_dir: Path
     imports: tuple[str, ...] = ()  # plugin modules the worker imports first
+    resume: bool = False  # continue from the run folder's checkpoint (a resumable command's unfinished run)
 
     @property
     def status(self) -> str:
@@ -179,6 +182,11 @@ def _stop_run(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+#: a run in this process hit a failed write: HDF5 may then crash when its objects are freed at exit, so the grid
+#: process (``--workers 1`` runs in it) leaves with ``os._exit`` once its report is out
+_WRITE_FAILED = False
+
+
 def execute(run: GridRun) -> dict[str, Any]:
     """Run one configuration and mark it finished (the function workers and Ray tasks call).
 
@@ -195,9 +203,14 @@ def execute(run: GridRun) -> dict[str, Any]:
             for name in (DONE, ERROR):  # a stale or failed run is redone
                 (run.run_dir / name).unlink(missing_ok=True)
             try:
-                summary = get_command(run.command).run(run.config, run.run_dir)
-            except Exception:
+                cmd = get_command(run.command)
+                summary = cmd.run(run.config, run.run_dir, resume=True) if run.resume else \
+                    cmd.run(run.config, run.run_dir)
+            except Exception as err:
                 (run.run_dir / ERROR).write_text(traceback.format_exc())
+                if isinstance(err, (RunLogWriteError, RunWriteError)):
+                    global _WRITE_FAILED
+                    _WRITE_FAILED = True
                 raise
             tmp = run.run_dir / (DONE + ".tmp")
             tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
@@ -383,11 +396,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="plugin module to import first, here and in every worker (repeatable; or the grid "
                              "file's import: list)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue unfinished runs from their checkpoints (commands that checkpoint: dqn, ppo, "
+                             "sac) instead of redoing them; stale runs are redone")
     parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished with another "
                                                                 "config) or todo")
     args = parser.parse_args(argv)
     try:
         runs = plan(load_grid(args.grid), args.out, args.imports)
+        if args.resume:
+            if runs and not getattr(get_command(runs[0].command), "resumable", False):
+                raise ConfigError(f"{runs[0].command} writes no checkpoints; --resume is for "
+                                  f"{', '.join(n for n in commands() if getattr(get_command(n), 'resumable', False))}")
+            runs = [replace(r, resume=True) if r.status == "todo" else r for r in runs]
         if args.dry_run:
             return _dry_run(runs)
         status = Counter(r.status for r in runs)
@@ -400,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         print("grid interrupted before any run started", file=sys.stderr)
         return 130
     print(report.summary(), file=sys.stderr)
+    if _WRITE_FAILED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(report.exit_status)
     return report.exit_status
 
 

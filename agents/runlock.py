@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .commands import RunWriteError
+
 __all__ = ["RunFolderBusy", "run_lock", "HEARTBEAT_S", "STALE_S", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
@@ -72,7 +74,11 @@ def run_lock(folder: str | os.PathLike) -> Iterator[None]:
                                 f"system; its lock counts as stale after {STALE_S:.0f} s without a heartbeat)")
         info = {"host": host, "pid": os.getpid(), "boot_id": _boot_id(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "heartbeat": time.time()}
-        _write(fd, info)
+        try:
+            _write(fd, info)
+        except OSError as err:
+            raise RunWriteError(f"{path}: cannot write the run lock ({err.strerror or err}); the disk may be full or "
+                                "failing") from None
         stop = threading.Event()
 
         def beat() -> None:

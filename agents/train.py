@@ -14,7 +14,7 @@ from pathlib import Path
 from probes.plugins import PluginError, load_plugins
 from probes.runlog import RunLogWriteError
 
-from .commands import ConfigError, commands, get_command
+from .commands import ConfigError, RunWriteError, commands, get_command
 from .runlock import RunFolderBusy, run_lock
 
 #: exit status when another process writes into the run folder
@@ -40,6 +40,11 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=cmd.help, description=cmd.help,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         p.add_argument("--out", type=Path, default=Path("runs"), help="root folder of run directories")
+        if getattr(cmd, "resumable", False):
+            p.add_argument("--resume", action="store_true",
+                           help="continue the run in its folder from its last checkpoint (same flags as the first "
+                                "time), exactly as if it had not stopped; a finished run is left as it is, a run "
+                                "without a checkpoint starts afresh")
         cmd.add_arguments(p)
         p.set_defaults(command_parser=p)  # main reports unknown flags with this command's usage
     return parser
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(next((a for a in argv if a in commands()), None))
     namespace, unknown = parser.parse_known_args(argv)
     args = vars(namespace)
-    name, out = args.pop("command"), args.pop("out")
+    name, out, resume = args.pop("command"), args.pop("out"), args.pop("resume", False)
     args.pop("plugins", None)
     command_parser = args.pop("command_parser")
     if unknown:  # with the command's usage and the nearest of its flags
@@ -99,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
     try:
         with run_lock(run_dir):
-            summary = cmd.run(config, run_dir)
+            summary = cmd.run(config, run_dir, resume=True) if resume else cmd.run(config, run_dir)
     except RunFolderBusy as err:
         print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
         return EXIT_BUSY
-    except RunLogWriteError as err:
+    except ConfigError as err:  # e.g. a checkpoint that does not belong to this config
+        parser.exit(2, f"{parser.prog} {name}: error: {err}\n")
+    except (RunLogWriteError, RunWriteError) as err:
         print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -81,6 +81,15 @@ class Probe:
         while self._pending and self._pending[0] <= step:
             self._pending.pop(0)
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps to resume this probe exactly: its cadence (a probe that remembers more, e.g. an
+        earlier record to compare with, extends both this and :meth:`restore`; values must pickle)."""
+        return {"next": self._next, "pending": list(self._pending)}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state`."""
+        self._next, self._pending = state["next"], list(state["pending"])
+
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:
         """Datasets this probe writes, with per-record shapes; called once before the run log is created."""
         raise NotImplementedError

@@ -10,7 +10,9 @@ This module is the only place that knows the file layout::
     /probes/<probe>/<field> field.dtype, shape (n, *field.shape)
     /scalars/<name>/step    int64, shape (n,)
     /scalars/<name>/value   float64, shape (n,)
-    /scalars/run_end        optional, one record at the last step: how the run ended, ``RUN_END[int(value)]``
+    /scalars/run_end        optional, one record at the last step: how the run ended, ``RUN_END[int(value)]``;
+                            pre-allocated (one row, step -1 until written), so a run stopped by a full disk can
+                            still say so
 
 Crash safety and live reading rely on HDF5 SWMR (single writer, multiple readers):
 every dataset is created up front (SWMR forbids creating objects or attributes later),
@@ -24,9 +26,11 @@ repairing a file left by a killed writer). POSIX only (uses ``flock``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .failpoints import kill_point
 from .provenance import provenance
 
 FORMAT = "interference-runlog"
@@ -49,8 +54,11 @@ READABLE_VERSIONS = (1, 2)
 #: HDF5 >= 1.10 (h5py >= 2.7) as long as no newer feature is used.
 LIBVER = ("v110", "latest")
 
-#: How a run ended, coded by position in the optional ``run_end`` scalar (a NaN loss stops a run as ``"nan"``).
-RUN_END = ("finished", "interrupted", "nan")
+#: How a run ended, coded by position in the optional ``run_end`` scalar (a NaN loss stops a run as ``"nan"``; a
+#: failed write of the log or a checkpoint as ``"write_error"``).
+RUN_END = ("finished", "interrupted", "nan", "write_error")
+#: the scalar series holding :data:`RUN_END`; its one record is allocated on disk when the log is created
+END = "run_end"
 
 _RESERVED_ATTRS = frozenset(
     {"format", "format_version", "config", "seed", "provenance", "device", "probe_settings",
@@ -108,6 +116,10 @@ class RunLog:
         extra_attrs: further root attributes; str/bool/int/float/numpy values are stored as
             is, anything else as JSON.
         overwrite: replace an existing file instead of appending to it.
+        keep: when appending, resume at a checkpoint: ``{"probes/<probe>" or "scalars/<name>": n}`` (what
+            :meth:`counts` returned when the checkpoint was taken) keeps the first ``n`` records of each group
+            and drops the later ones (written after the checkpoint, they are written again); groups not named
+            keep none.
 
     If `path` exists and `overwrite` is false, the run is resumed: the file must be a run
     log whose probes declared here have exactly the same fields (shape and dtype); new
@@ -135,6 +147,7 @@ class RunLog:
         probe_settings: Mapping[str, Any] | None = None,
         extra_attrs: Mapping[str, Any] | None = None,
         overwrite: bool = False,
+        keep: Mapping[str, int] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         _check_schema(probes, scalars)
@@ -157,9 +170,11 @@ class RunLog:
             except BlockingIOError as err:
                 raise RunLogError(f"{self.path}: in use by another process; cannot overwrite it: "
                                   f"{err}") from err
+            except OSError as err:
+                raise RunLogWriteError(f"{self.path}: cannot create the run log ({_os_cause(err)})") from err
         try:
             if "format" in f.attrs:
-                _record_resume(f, attrs)
+                _record_resume(f, attrs, keep)
             else:
                 f.require_group("probes")
                 f.require_group("scalars")
@@ -168,7 +183,16 @@ class RunLog:
             _declare(f, self.path, probes, scalars)
             self._fields = _file_schema(f, self.path)
             self._counts = _trim_partial_records(f)
+            if keep is not None:
+                self._counts = _keep_records(f, self.path, self._counts, keep)
             f.swmr_mode = True
+            if keep is not None:
+                kill_point("resume.after_truncate")
+        except (OSError, RuntimeError) as err:  # HDF5 could not write the file's layout: a full or failing disk
+            with contextlib.suppress(OSError, RuntimeError):
+                f.close()
+            raise RunLogWriteError(f"{self.path}: cannot write the run log ({_os_cause(err)}): the disk may be full "
+                                   "or failing") from err
         except BaseException:
             f.close()
             raise
@@ -178,6 +202,10 @@ class RunLog:
         # same path that this writer is alive (readers take shared locks too).
         self._lock_fd = os.open(self.path, os.O_RDONLY)
         _try_flock(self._lock_fd, fcntl.LOCK_SH)
+
+    def counts(self) -> dict[str, int]:
+        """``{"probes/<probe>" or "scalars/<name>": records written}``: what ``keep`` takes on a resume."""
+        return {f"{kind}/{name}": n for (kind, name), n in self._counts.items()}
 
     def append(self, probe: str, step: int, **values: Any) -> None:
         """Write one record of `probe` at training `step`, then flush it to disk.
@@ -207,6 +235,17 @@ class RunLog:
             raise ValueError(f"unknown scalar {name!r}; declared scalars: {scalars}")
         self._write_record(("scalars", name), _as_step(step), {"value": np.float64(value)})
 
+    def end(self, step: int, status: str) -> None:
+        """Write the ``run_end`` record: how the run ended, one of :data:`RUN_END`. Also after a failed write (its
+        row is pre-allocated, so a full disk still takes it); raises :class:`RunLogWriteError` if even that fails."""
+        if status not in RUN_END:
+            raise ValueError(f"unknown run end {status!r}; expected one of {RUN_END}")
+        failed, self._write_error = self._write_error, None
+        try:
+            self.scalar(END, step, RUN_END.index(status))
+        finally:
+            self._write_error = failed or self._write_error
+
     def _write_record(self, key: tuple[str, str], step: np.int64, values: Mapping[str, Any]) -> None:
         """Write row n (n = number of complete records) of the group ``/<kind>/<name>``:
         the values first, then ``step``, which makes the record visible to readers. A partial
@@ -221,10 +260,11 @@ class RunLog:
             for name, value in values.items():
                 _write_row(group[name], n, value)
             self._file.flush()
+            kill_point("runlog.mid_record")
             _write_row(group["step"], n, step)
             self._file.flush()
         except (OSError, RuntimeError) as err:
-            cause = getattr(err, "strerror", None) or str(err).splitlines()[0] or type(err).__name__
+            cause = _os_cause(err)
             self._write_error = cause
             raise RunLogWriteError(f"{self.path}: cannot write the run log ({cause}): the disk may be full or failing; "
                                    "records written so far stay readable") from err
@@ -455,6 +495,14 @@ def _create_column(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: 
                          fletcher32=True, fillvalue=fill)
 
 
+def _create_end_column(group: h5py.Group, name: str, dtype: str, fill: Any) -> None:
+    """One row, allocated on disk now (not when first written): writing it later overwrites bytes in place, which a
+    full disk still allows. Contiguous, so without a checksum (Fletcher-32 needs chunks); 8 bytes."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    group.create_dataset(name, shape=(1,), dtype=dtype, fillvalue=fill, dcpl=dcpl)
+
+
 def _declare(f: h5py.File, path: str, probes: Mapping[str, Mapping[str, Field]],
              scalars: Sequence[str]) -> None:
     """Create the datasets of new probes and scalars; check declared probes already in the file."""
@@ -472,6 +520,10 @@ def _declare(f: h5py.File, path: str, probes: Mapping[str, Mapping[str, Field]],
     for name in scalars:
         if name not in f["scalars"]:
             group = f["scalars"].create_group(name)
+            if name == END:
+                _create_end_column(group, "step", "int64", UNWRITTEN_STEP)
+                _create_end_column(group, "value", "float64", np.nan)
+                continue
             _create_column(group, "step", (), "int64")
             _create_column(group, "value", (), "float64")
 
@@ -496,12 +548,48 @@ def _trim_partial_records(f: h5py.File) -> dict[tuple[str, str], int]:
     counts = {}
     for kind in ("probes", "scalars"):
         for name, group in f[kind].items():
-            n = len(group["step"])
-            for dataset in group.values():
-                if len(dataset) > n:
-                    dataset.resize(n, axis=0)
+            n = _written(group["step"])
+            _truncate(group, n)
             counts[kind, name] = n
     return counts
+
+
+def _written(step: h5py.Dataset) -> int:
+    """Complete records of a group: ``len(step)``, or for a pre-allocated one, the rows before the first unwritten."""
+    if step.maxshape[0] is None:
+        return len(step)
+    unwritten = np.flatnonzero(step[()] == UNWRITTEN_STEP)
+    return int(unwritten[0]) if len(unwritten) else len(step)
+
+
+def _truncate(group: h5py.Group, n: int) -> None:
+    """Keep the first ``n`` records of every dataset of ``group`` (pre-allocated rows are reset to unwritten)."""
+    for name, dataset in group.items():
+        if dataset.maxshape[0] is None:
+            if len(dataset) > n:
+                dataset.resize(n, axis=0)
+        elif n < len(dataset):
+            dataset[n:] = UNWRITTEN_STEP if name == "step" else np.nan
+
+
+def _keep_records(f: h5py.File, path: str, counts: Mapping[tuple[str, str], int],
+                  keep: Mapping[str, int]) -> dict[tuple[str, str], int]:
+    """Shrink every group to its ``keep`` count (0 if not named); RunLogError if the file holds fewer complete
+    records than a checkpoint says were written (records lost: the log and the checkpoint do not belong
+    together)."""
+    if unknown := sorted(set(keep) - {f"{kind}/{name}" for kind, name in counts}):
+        raise RunLogError(f"{path}: the checkpoint names record groups the log does not have: {unknown}")
+    kept = {}
+    for (kind, name), n in counts.items():
+        want = int(keep.get(f"{kind}/{name}", 0))
+        group = f[kind][name]
+        written = len(_read_group(group, path)["step"]) if n else 0
+        if written < want:
+            raise RunLogError(f"{path}: {group.name} holds {written} complete records but the checkpoint was taken "
+                              f"after {want}: the log lost records (or belongs to another run); cannot resume")
+        _truncate(group, want)
+        kept[kind, name] = want
+    return kept
 
 
 def _read_group(group: h5py.Group, path: str) -> dict[str, np.ndarray]:
@@ -530,8 +618,19 @@ def _read_group(group: h5py.Group, path: str) -> dict[str, np.ndarray]:
 # --- records ------------------------------------------------------------------------
 
 
+def _os_cause(err: BaseException) -> str:
+    """The operating system's words for a failed write (HDF5 buries them in a long message: ``errno = 28, error
+    message = 'No space left on device'``), else the error's first line."""
+    found = re.search(r"error message = '([^']+)'", str(err))
+    return ((found.group(1) if found else None) or getattr(err, "strerror", None)
+            or (str(err).splitlines() or [""])[0] or type(err).__name__)
+
+
 def _write_row(dataset: h5py.Dataset, row: int, value: Any) -> None:
-    dataset.resize(row + 1, axis=0)
+    if dataset.maxshape[0] is None:
+        dataset.resize(row + 1, axis=0)
+    elif row >= len(dataset):
+        raise ValueError(f"{dataset.name} holds {len(dataset)} record(s) (a run ends once)")
     dataset[row] = value
 
 
@@ -597,8 +696,9 @@ def _decode_attrs(attrs: h5py.AttributeManager) -> dict:
     return decoded
 
 
-def _record_resume(f: h5py.File, attrs: Mapping[str, Any]) -> None:
-    """Append ``{"time", "provenance", "changed"}`` to the ``resumes`` attribute."""
+def _record_resume(f: h5py.File, attrs: Mapping[str, Any], keep: Mapping[str, int] | None) -> None:
+    """Append ``{"time", "provenance", "changed"}`` (and ``kept``, the record counts of a resume at a checkpoint)
+    to the ``resumes`` attribute."""
     stored = _decode_attrs(f.attrs)
     changed = {}
     for name, value in attrs.items():
@@ -607,4 +707,6 @@ def _record_resume(f: h5py.File, attrs: Mapping[str, Any]) -> None:
             changed[name] = value
     entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "provenance": provenance(), "changed": changed}
+    if keep is not None:
+        entry["kept"] = {k: int(v) for k, v in keep.items()}
     _write_attrs(f, {"resumes": [*stored.get("resumes", []), entry]})

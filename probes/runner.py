@@ -52,11 +52,13 @@ class ProbeRunner:
         config, seed, device, extra_attrs: stored in the run log's attributes.
         scalars: names of scalar series the learner will log (episode returns, losses, ...).
         overwrite: start the file afresh instead of appending to an existing run.
+        keep: resume at a checkpoint: the record counts to keep (:meth:`RunLog.counts` when it was taken).
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, example: ProbeContext,
                  config: Mapping[str, Any], seed: int, scalars: Sequence[str] = (), device: str = "cpu",
-                 extra_attrs: Mapping[str, Any] | None = None, overwrite: bool = False) -> None:
+                 extra_attrs: Mapping[str, Any] | None = None, overwrite: bool = False,
+                 keep: Mapping[str, int] | None = None) -> None:
         names = [p.name for p in probes]
         if len(set(names)) != len(names):
             raise ValueError(f"probe names must be unique, got {names}")
@@ -68,8 +70,9 @@ class ProbeRunner:
         docs[INPUTS] = INPUTS_SCHEMA.to_json()
         self.log = RunLog(path, config=config, seed=seed, probes=schema, scalars=scalars, device=device,
                           probe_settings={p.name: p.settings() for p in self.probes},
-                          extra_attrs={"probe_schema": docs, **dict(extra_attrs or {})}, overwrite=overwrite)
-        self._inputs_logged = False
+                          extra_attrs={"probe_schema": docs, **dict(extra_attrs or {})}, overwrite=overwrite,
+                          keep=keep)
+        self._inputs_logged = self.log.counts().get(f"probes/{INPUTS}", 0) > 0
 
     def due(self, step: int) -> bool:
         return any(p.due(step) for p in self.probes)
@@ -84,6 +87,16 @@ class ProbeRunner:
         with frozen_noise(ctx.model):
             for p in self.probes:
                 p.on_step(ctx, self.log)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the runner: each probe's :meth:`Probe.state` and the log's record counts."""
+        return {"probes": {p.name: p.state() for p in self.probes}, "counts": self.log.counts()}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume the probes' cadence from :meth:`state` (the log is resumed with ``keep=state["counts"]``)."""
+        for p in self.probes:
+            if p.name in state["probes"]:
+                p.restore(state["probes"][p.name])
 
     def scalar(self, name: str, step: int, value: float) -> None:
         self.log.scalar(name, step, float(np.asarray(value)))

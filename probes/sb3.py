@@ -20,6 +20,7 @@ has changed), so each record has the step of the update that produced it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -36,12 +37,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .probe import Probe, ProbeContext
-from .runlog import RUN_END
+from .runlog import END, RunLogWriteError
 from .runner import ProbeRunner
 
 __all__ = ["ProbeCallback", "probe_context", "dqn_context", "ppo_context", "sac_context"]
 
-SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate", "run_end")
+SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate", END)
 LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
              "train/learning_rate": "learning_rate"}  # SB3 logger key -> run-log scalar
 
@@ -196,12 +197,15 @@ class ProbeCallback(BaseCallback):
             scalar (default: ``"finished"`` if the run reached its ``total_timesteps``, else ``"interrupted"``).
         context: builds the algorithm's probe context (model, per-sample losses, sampler); default: the adapter
             of SB3's DQN, PPO or SAC (:func:`probe_context`).
+        resume: :meth:`state` as a checkpoint saved it: the log is appended to from the checkpoint's records
+            (later ones dropped) and the probes, their RNG and inputs and the loss cadence go on from there.
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],
                  seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None,
                  loss_every: int | None = None, end_status: Callable[[], str] | None = None,
-                 context: ContextBuilder | None = None, verbose: int = 0) -> None:
+                 context: ContextBuilder | None = None, resume: Mapping[str, Any] | None = None,
+                 verbose: int = 0) -> None:
         super().__init__(verbose)
         self.probes = list(probes)
         self.path = os.fspath(path)
@@ -217,6 +221,7 @@ class ProbeCallback(BaseCallback):
         self._probed = False
         self._n_updates = 0
         self._update: tuple[int, dict[str, float]] | None = None  # the latest update's step and scalars, unwritten
+        self._resume = resume
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _on_training_start(self) -> None:
@@ -224,9 +229,23 @@ class ProbeCallback(BaseCallback):
         example_inputs = torch.as_tensor(np.stack([space.sample() for _ in range(self.n_inputs)]),
                                          device=self.model.device)
         example = probe_context(self.model, self.rng, example_inputs, step=0, build=self.context)
+        resume = self._resume
         self.runner = ProbeRunner(self.probes, self.path, example=example, config=self.config, seed=self.seed,
-                                  scalars=SCALARS, device=str(self.model.device), extra_attrs=self.extra_attrs)
+                                  scalars=SCALARS, device=str(self.model.device), extra_attrs=self.extra_attrs,
+                                  overwrite=resume is None, keep=None if resume is None else resume["runner"]["counts"])
         self._n_updates = self.model._n_updates
+        if resume is not None:
+            self.runner.restore(resume["runner"])
+            self.rng.bit_generator.state = resume["rng"]
+            inputs = resume["inputs"]
+            self.inputs = None if inputs is None else torch.as_tensor(inputs, device=self.model.device)
+            self._next_loss, self._probed, self._update = resume["next_loss"], resume["probed"], resume["update"]
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps to resume the log exactly (see ``resume``); taken between updates."""
+        return {"runner": self.runner.state(), "rng": self.rng.bit_generator.state,
+                "inputs": None if self.inputs is None else self.inputs.cpu().numpy(),
+                "next_loss": self._next_loss, "probed": self._probed, "update": self._update}
 
     def _observations(self) -> Tensor | None:
         """``n_inputs`` observations from what the agent has stored so far (None until there are enough)."""
@@ -311,21 +330,25 @@ class ProbeCallback(BaseCallback):
     def _on_training_end(self) -> None:
         self.finish()
 
-    def finish(self, write_end: bool = True) -> None:
-        """Write the last update's scalars and (unless ``write_end`` is false, e.g. after a crash) the ``run_end``
-        record, and close the log (once; also for a ``learn`` that raised, which skips ``on_training_end``)."""
+    def finish(self, end: bool | str = True) -> None:
+        """Write the last update's scalars and the ``run_end`` record (``end``: True, the status ``end_status``
+        gives; False, none, e.g. after a crash; a status of :data:`probes.runlog.RUN_END`, only that record, e.g.
+        ``"write_error"`` after a failed write, if the disk still takes it), then close the log (once; also for a
+        ``learn`` that raised, which skips ``on_training_end``)."""
         if self.runner is not None:
             try:
-                if not write_end:
+                step = self.model.num_timesteps
+                if isinstance(end, str):
+                    with contextlib.suppress(RunLogWriteError):  # the failure itself is being reported
+                        self.runner.log.end(step, end)
+                    return
+                if not end:
                     return
                 self._read_update()
                 self._write_update()  # the last update, whatever the cadence
-                step = self.model.num_timesteps
                 status = self.end_status() if self.end_status is not None else \
                     ("finished" if step >= self.model._total_timesteps else "interrupted")
-                if status not in RUN_END:
-                    raise ValueError(f"end_status returned {status!r}; expected one of {RUN_END}")
-                self.runner.scalar("run_end", step, RUN_END.index(status))
+                self.runner.log.end(step, status)
             finally:  # the log is closed (and stays readable) whatever happens above
                 self.runner.close()
                 self.runner = None

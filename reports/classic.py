@@ -66,7 +66,8 @@ def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
         if missing := [k for k in _KEYS if k not in c]:
             warnings.append(f"{run.path}: config has no {', '.join(missing)}; left out")
         elif not finished(run):
-            how = {"nan": "diverged (non-finite loss)", "interrupted": "interrupted"}.get(run_end(run), "unfinished")
+            how = {"nan": "diverged (non-finite loss)", "interrupted": "interrupted",
+                   "write_error": "stopped by a failed write"}.get(run_end(run), "unfinished")
             of = f" of n_timesteps {c['n_timesteps']}" if "n_timesteps" in c else ""
             warnings.append(f"{run.path}: {how} run (last record at step {training_length(run)}{of}); left out")
         elif len(run.scalars.get("episode_return", ((), ()))[1]) == 0:

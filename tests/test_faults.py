@@ -1,27 +1,48 @@
-"""Fault injection on whole runs (issue 13): concurrent writers on one run folder, dead lock holders."""
+"""Fault injection on whole runs (issue 13): concurrent writers on one run folder, dead lock holders, corrupt logs,
+and full or failing disks reaching HDF5's own writes (RLIMIT_FSIZE, an LD_PRELOAD write shim)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agents.train import EXIT_BUSY
 from probes import read_run
+from probes.runlog import RunLogError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    """Kill the runs a test started (a failed assertion must not leave a 10^7-step run training)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+
+
 def _train(out: Path, steps: int, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
+    proc = subprocess.Popen([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
                              "--hidden", "16", "--set", "learning_starts=50", "--steps", str(steps), "--seed", "0",
                              "--no-progress", "--out", str(out)],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    _STARTED.append(proc)
+    return proc
 
 
 def _run_dir(out: Path) -> Path:
@@ -206,7 +227,14 @@ def test_the_log_of_a_killed_run_passes_the_check_and_reaches_reports(tmp_path):
 
     proc = _train(tmp_path, 10**7)
     log = _wait_for(lambda: _run_dir(tmp_path) / "run.h5", proc)
-    while len(read_run(log).scalars.get("episode_return", ((),))[0]) < 2:
+
+    def episodes() -> int:
+        try:
+            return len(read_run(log).scalars.get("episode_return", ((),))[0])
+        except RunLogError:  # still being created (locked until its writer enters SWMR mode)
+            return 0
+
+    while episodes() < 2:
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
@@ -253,3 +281,120 @@ def test_a_crashed_run_leaves_no_run_end(tmp_path, monkeypatch):
     run = read_run(_run_dir(tmp_path) / "run.h5")
     assert run_end(run) is None and not finished(run)
     assert len(run.probes["weights"]["step"]) == 2
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_visibly(tmp_path):
+    """A file size limit the log fits under but a checkpoint (the replay buffer) does not: exit status 4 with a
+    message naming the checkpoint; no torn temporary file is left and the log stays readable."""
+    import resource
+
+    from agents.train import EXIT_IO
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
+
+    proc = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
+                           "--hidden", "16", "--set", "learning_starts=50", "--steps", "3000", "--set",
+                           "buffer_size=50000", "--checkpoint-every", "500", "--no-progress", "--out", str(tmp_path)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "cannot write the checkpoint" in last and "File too large" in last
+    run_dir = _run_dir(tmp_path)
+    assert not (run_dir / "checkpoint.pkl.tmp").exists() and not (run_dir / "checkpoint.pkl").exists()
+    assert len(read_run(run_dir / "run.h5").scalars["episode_return"][0]) > 0
+
+
+@pytest.fixture(scope="module")
+def failwrite(tmp_path_factory) -> Path:
+    """The LD_PRELOAD write shim (tests/faultshim/failwrite.c), built with the system C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the write shim")
+    lib = tmp_path_factory.mktemp("shim") / "failwrite.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "tests/faultshim/failwrite.c"), "-ldl"],
+                   check=True, capture_output=True)
+    return lib
+
+
+def _dqn_with_failing_disk(out: Path, lib: Path, path: str, errno: int, mode: str, after: int,
+                           *extra: str) -> subprocess.CompletedProcess:
+    env = {**ENV, "LD_PRELOAD": str(lib), "FAILWRITE_PATH": path, "FAILWRITE_ERRNO": str(errno),
+           "FAILWRITE_MODE": mode, "FAILWRITE_AFTER": str(after)}
+    return subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
+                           "--hidden", "16", "--set", "learning_starts=50", "--steps", "20000", "--probe",
+                           "gradcov,weights", "--probe-every", "20", "--no-progress", "--out", str(out), *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _complete_records(log: Path) -> dict:
+    """The log's records, checked to be real ones (steps ascending and >= 0, no zero-filled gradient records)."""
+    import numpy as np
+
+    run = read_run(log)
+    steps = run.probes["gradcov"]["step"]
+    assert len(steps) > 0 and np.all(np.diff(steps) > 0) and np.all(steps >= 0)
+    assert not np.any(np.all(run.probes["gradcov"]["td"] == 0, axis=(1, 2)))
+    return run.scalars
+
+
+@pytest.mark.parametrize("errno, mode, words, end", [
+    (28, "full", "No space left on device", "write_error"),  # a full disk: the pre-allocated run_end still fits
+    (5, "fail", "Input/output error", None),  # a failing disk takes nothing more: no run_end, records before kept
+])
+def test_enospc_and_eio_in_hdf5s_own_writes_stop_the_run_visibly(tmp_path, failwrite, errno, mode, words, end):
+    from agents.train import EXIT_IO
+    from probes.runlog import RUN_END
+
+    proc = _dqn_with_failing_disk(tmp_path, failwrite, "run.h5", errno, mode, 150_000)
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "cannot write the run log" in last and words in last, last
+    scalars = _complete_records(_run_dir(tmp_path) / "run.h5")
+    ends = [RUN_END[int(v)] for v in scalars["run_end"][1]]
+    assert ends == ([end] if end else [])
+
+
+def test_a_full_disk_while_checkpointing_stops_the_run_and_the_log_says_why(tmp_path, failwrite):
+    from agents.train import EXIT_IO
+    from probes.runlog import RUN_END
+
+    proc = _dqn_with_failing_disk(tmp_path, failwrite, "checkpoint.pkl", 28, "full", 0, "--checkpoint-every", "500")
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "cannot write the checkpoint (No space left on device)" in last, last
+    run_dir = _run_dir(tmp_path)
+    assert not list(run_dir.glob("checkpoint.pkl*"))  # no torn temporary file
+    steps, values = _complete_records(run_dir / "run.h5")["run_end"]
+    assert [RUN_END[int(v)] for v in values] == ["write_error"] and steps[0] >= 500
+
+
+def test_a_grid_running_its_runs_in_process_survives_a_full_disk(tmp_path, failwrite):
+    """``--workers 1`` runs in the grid process: each failed write is a failed run with a one-line reason (the
+    OS's words), and the grid exits 1 instead of crashing at exit on HDF5 objects of the failed files."""
+    import yaml
+
+    grid = tmp_path / "grid.yml"
+    grid.write_text(yaml.safe_dump({"command": "dqn", "grids": [{"seed": [0, 1]}], "fixed": {
+        "env": "CartPole-v1", "act": "relu", "net_arch": [16], "learning_starts": 50, "n_timesteps": 20000,
+        "probe": ["gradcov", "weights"], "probe_every": 20}}))
+    env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": "run.h5", "FAILWRITE_ERRNO": "28",
+           "FAILWRITE_MODE": "full", "FAILWRITE_AFTER": "150000"}
+    proc = subprocess.run([sys.executable, "-m", "agents.grid", str(grid), "--out", str(tmp_path / "runs"),
+                           "--workers", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "0 finished, 2 failed" in proc.stderr
+    reasons = proc.stderr.split("failed runs:")[1].strip().splitlines()
+    assert len(reasons) == 2 and all("(No space left on device)" in r for r in reasons), reasons
+
+
+def test_a_full_disk_before_the_run_starts_is_a_message_not_a_traceback(tmp_path, failwrite):
+    from agents.train import EXIT_IO
+
+    env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": ".lock", "FAILWRITE_ERRNO": "28",
+           "FAILWRITE_MODE": "fail", "FAILWRITE_AFTER": "0"}
+    proc = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--steps", "500",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_IO and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot write the run lock (No space left on device)" in proc.stderr

@@ -89,7 +89,8 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
     proc = _grid(grid, out, "--workers", "2")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
-    message = f"{failed}: IsADirectoryError: [Errno 21] Unable to synchronously create file"
+    message = f"{failed}: probes.runlog.RunLogWriteError: {failed / 'seed0' / 'run.h5'}: cannot create the run log " \
+              "(Is a directory)"
     assert f"run failed: {message}" in err and f"(traceback in {failed / 'ERROR.txt'})" in err
     assert f"grid done: 2 finished, 1 failed, 0 interrupted, 0 not started\nfailed runs:\n  {message}" in err
     assert "Traceback" not in err

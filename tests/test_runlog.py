@@ -242,3 +242,60 @@ def test_negative_steps_are_refused(tmp_path):
     with Log(tmp_path / "r.h5", config={}, seed=0, probes={"p": {"x": F(())}}, scalars=("s",)) as log:
         with pytest.raises(ValueError, match="step must be >= 0"):
             log.scalar("s", -1, 1.0)
+
+
+# --- resume at a checkpoint and the run's end record ----------------------------------------------------------
+
+
+def test_keep_cuts_a_log_back_to_a_checkpoints_records_and_the_same_records_follow(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, [10, 20, 30, 40, 50])
+    make_log(path, [30, 40, 50, 60], keep={"probes/weights": 2, "scalars/reward": 2})  # resumed after step 20
+    run = read_run(path)
+    assert_records(run, [10, 20, 30, 40, 50, 60])
+    assert run.attrs["resumes"][-1]["kept"] == {"probes/weights": 2, "scalars/reward": 2}
+
+
+def test_keep_refuses_a_log_with_fewer_records_than_its_checkpoint(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, [10, 20])
+    with pytest.raises(RunLogError, match="holds 2 complete records but the checkpoint was taken after 3"):
+        make_log(path, [], keep={"probes/weights": 3, "scalars/reward": 2})
+    with pytest.raises(RunLogError, match="names record groups the log does not have"):
+        make_log(path, [], keep={"probes/other": 1})
+    assert_records(read_run(path), [10, 20])  # a refused resume changes nothing
+
+
+def test_the_end_record_is_preallocated_written_once_and_cut_back_on_resume(tmp_path):
+    from probes.runlog import END, RUN_END, RunLogWriteError
+
+    path = tmp_path / "run.h5"
+    with RunLog(path, config={}, seed=0, probes={}, scalars=["reward", END]) as log:
+        assert read_run(path).scalars[END][0].size == 0  # allocated, not written: no record
+        with h5py.File(path, "r", swmr=True) as f:
+            assert f["scalars/run_end/step"].id.get_create_plist().get_alloc_time() == h5py.h5d.ALLOC_TIME_EARLY
+        log.scalar("reward", 5, 1.0)
+        log._write_error = "No space left on device"  # as after a failed write: later records are refused ...
+        with pytest.raises(RunLogWriteError):
+            log.scalar("reward", 6, 1.0)
+        log.end(6, "write_error")  # ... but the end record is written in place
+        with pytest.raises(ValueError, match="a run ends once"):
+            log.end(7, "finished")
+    steps, values = read_run(path).scalars[END]
+    assert steps.tolist() == [6] and [RUN_END[int(v)] for v in values] == ["write_error"]
+    with RunLog(path, config={}, seed=0, probes={}, scalars=["reward", END], keep={"scalars/reward": 1}) as log:
+        assert read_run(path).scalars[END][0].size == 0  # the resumed run has not ended
+        log.end(9, "finished")
+    assert read_run(path).scalars[END][0].tolist() == [9]
+
+
+def test_probe_cadence_survives_a_checkpoint():
+    from probes.builtin import WeightsProbe
+
+    probe = WeightsProbe(every=100, at=[150, 350])
+    probe._advance(120)
+    copy = WeightsProbe(every=100, at=[150, 350])
+    copy.restore(probe.state())
+    assert [copy.due(s) for s in (150, 199, 200)] == [probe.due(s) for s in (150, 199, 200)] == [True, True, True]
+    copy._advance(150)
+    assert copy.due(199) is False and copy.due(200) is True

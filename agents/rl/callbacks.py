@@ -37,17 +37,24 @@ class RunCallback(BaseCallback):
         total: the run's env steps (for the bar).
         progress: show a tqdm bar on stderr.
         desc: the bar's label.
+        resume: :meth:`state` from a checkpoint: the episodes and wall time so far.
 
-    After ``learn`` returns, ``stop_reason`` is ``None`` (finished), ``"interrupted"`` (Ctrl-C or SIGTERM; the
+    A stop by signal waits while ``defer_stop`` is set (a :class:`agents.rl.checkpoint.Checkpointer` sets it until
+    it has checkpointed at the next rollout start). After ``learn`` returns, ``stop_reason`` is ``None``
+    (finished), ``"interrupted"`` (Ctrl-C or SIGTERM; the
     signal number is ``stop_signal``) or ``"nan"`` (a non-finite loss; ``stop_message`` says which).
     """
 
-    def __init__(self, total: int, *, progress: bool = True, desc: str = "") -> None:
+    def __init__(self, total: int, *, progress: bool = True, desc: str = "",
+                 resume: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.total, self.progress, self.desc = int(total), progress, desc
-        self.returns: list[float] = []
-        self.lengths: list[int] = []
+        resume = resume or {}
+        self.returns: list[float] = list(resume.get("returns", []))
+        self.lengths: list[int] = list(resume.get("lengths", []))
+        self._wall_before = float(resume.get("wall_seconds", 0.0))
         self.stop_requested = False
+        self.defer_stop = False
         self.stop_signal = signal.SIGINT
         self.stop_reason: str | None = None
         self.stop_message = ""
@@ -82,17 +89,22 @@ class RunCallback(BaseCallback):
                                      refresh=False)
         if self._check_nonfinite(step):
             return False
-        if self.stop_requested:
+        if self.stop_requested and not self.defer_stop:
             self.stop_reason = "interrupted"
             self.stop_message = f"interrupted at step {step}"
             return False
         return True
 
     def _on_training_end(self) -> None:
-        self.wall_seconds = time.perf_counter() - self._t0
+        self.wall_seconds = self._wall_before + time.perf_counter() - self._t0
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (see ``resume``)."""
+        return {"returns": list(self.returns), "lengths": list(self.lengths),
+                "wall_seconds": self._wall_before + time.perf_counter() - self._t0}
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def _check_nonfinite(self, step: int) -> bool:
@@ -115,16 +127,17 @@ class RunCallback(BaseCallback):
 @contextlib.contextmanager
 def stop_on_signals(callback: RunCallback) -> Iterator[None]:
     """While training: the first Ctrl-C (SIGINT) or SIGTERM (what cluster schedulers send before killing a job)
-    asks ``callback`` to stop after the current step (model and log are then saved); a second one interrupts at
-    once. A no-op outside the main thread."""
+    asks ``callback`` to stop after the current step, or with checkpoints at the next rollout start, after one
+    (model and log are then saved); a second one interrupts at once. A no-op outside the main thread."""
 
     def handler(signum: int, frame: Any) -> None:
         if callback.stop_requested:
             raise KeyboardInterrupt
         callback.stop_requested = True
         callback.stop_signal = signal.Signals(signum)
-        print(f"\n{callback.stop_signal.name}: stopping after this step and saving the model and the log (send it "
-              "again to abort)", file=sys.stderr, flush=True)
+        when = "at the next rollout start, with a checkpoint," if callback.defer_stop else "after this step"
+        print(f"\n{callback.stop_signal.name}: stopping {when} and saving the model and the log (send it again to "
+              "abort)", file=sys.stderr, flush=True)
 
     with handling(STOP_SIGNALS, handler):
         yield

@@ -117,6 +117,8 @@ class RLCommand:
                             "are always logged)")
         p.add_argument("--probe-every", dest="probe_every", type=_int, default=S, metavar="N",
                        help="env steps between probe records (default: a tenth of the run)")
+        g.add_argument("--checkpoint-every", dest="checkpoint_every", type=_int, default=S, metavar="N",
+                       help="env steps between checkpoints for --resume (default: a tenth of the run; 0: none)")
 
     def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return resolve(self.name, {k: v for k, v in values.items() if v is not None})
@@ -128,10 +130,12 @@ class RLCommand:
             path = path / tag
         return path / f"seed{config['seed']}"
 
-    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    resumable = True
+
+    def run(self, config: Mapping[str, Any], run_dir: Path, resume: bool = False) -> dict[str, Any]:
         from .run import train
 
-        return train(config, run_dir)
+        return train(config, run_dir, resume=resume)
 
 
 COMMANDS: dict[str, RLCommand] = {algo: RLCommand(algo) for algo in ALGOS}

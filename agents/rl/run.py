@@ -2,8 +2,8 @@
 
 A run directory holds ``config.yaml`` (the resolved config, written first), ``run.h5`` (the
 :class:`probes.sb3.ProbeCallback` log: probes, episode returns and lengths, losses; always written),
-``model.zip`` (``model.save``; load with the algorithm's class, ``agents.rl.algos.ALGOS[name].model.load``) and
-``summary.json``.
+``model.zip`` (``model.save``; load with the algorithm's class, ``agents.rl.algos.ALGOS[name].model.load``),
+``summary.json`` and, until the run finishes, ``checkpoint.pkl`` (:mod:`agents.rl.checkpoint`).
 """
 
 from __future__ import annotations
@@ -23,20 +23,23 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
+from agents.commands import RunWriteError
 from interference.nets import count_parameters
 from probes import make_probe
+from probes.runlog import RunLogWriteError
 from probes.sb3 import ProbeCallback
 
-from .callbacks import RunCallback, final_return, stop_on_signals
 from .algos import ALGOS
+from .callbacks import RunCallback, final_return, stop_on_signals
+from .checkpoint import CHECKPOINT, CheckpointError, Checkpointer, check_picklable, read_checkpoint, restore_model
 from .config import algo_kwargs
 from .envs import make_env
 from .policies import ActNatureCNN
 from .settings import OPTIMIZERS
 
-__all__ = ["build_env", "build_model", "online_parameters", "train", "RUN_FILES"]
+__all__ = ["build_env", "build_model", "online_parameters", "train", "checkpoint_every", "RUN_FILES"]
 
-RUN_FILES = ("run.h5", "model.zip", "summary.json")
+RUN_FILES = ("run.h5", "model.zip", "summary.json", CHECKPOINT)
 
 
 def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
@@ -114,21 +117,84 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
+def _start(config: Mapping[str, Any], run_dir: Path, resume: bool) -> tuple[dict[str, Any] | None, dict | None]:
+    """Prepare ``run_dir``: ``(checkpoint to resume from or None, summary of a run already finished or None)``.
+
+    Without ``resume`` the files of an earlier run are replaced; with it, a checkpoint is continued (the end of the
+    earlier attempt, its model and summary, is removed), a finished run is left as it is, and a run without a
+    checkpoint starts afresh.
+    """
+    if resume:
+        summary = _read_summary(run_dir)
+        if summary is not None and summary.get("status") == "finished":
+            print(f"{run_dir}: the run finished already ({summary['steps']} steps); nothing to resume", file=sys.stderr)
+            (run_dir / CHECKPOINT).unlink(missing_ok=True)
+            return None, summary
+        state = read_checkpoint(run_dir, config)
+        if state is not None:
+            for name in ("model.zip", "summary.json"):
+                (run_dir / name).unlink(missing_ok=True)
+            print(f"{run_dir}: resuming at step {state['step']} from {CHECKPOINT}", file=sys.stderr)
+            return state, None
+        print(f"{run_dir}: no checkpoint to resume from; starting at step 0", file=sys.stderr)
+    stale = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if stale:
+        hint = " (--resume continues it from its checkpoint)" if (run_dir / CHECKPOINT).exists() and not resume else ""
+        print(f"{run_dir}: replacing the files of an earlier run ({', '.join(stale)}){hint}", file=sys.stderr)
+        for name in stale:
+            (run_dir / name).unlink()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return None, None
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_every(config: Mapping[str, Any]) -> int:
+    """Env steps between checkpoints: the config's ``checkpoint_every`` (0: none), by default a tenth of the run."""
+    every = config.get("checkpoint_every")
+    return max(1, config["n_timesteps"] // 10) if every is None else int(every)
+
+
+def _summary(status: str, model: BaseAlgorithm, algo: str, run_cb: RunCallback, run_dir: Path,
+             checkpointer: Checkpointer | None) -> dict[str, Any]:
+    """The run's ``summary.json``."""
+    wall = run_cb.wall_seconds
+    summary = {
+        "status": status,
+        "steps": int(model.num_timesteps),
+        "episodes": len(run_cb.returns),
+        "final_return": _finite_or_none(final_return(run_cb.returns)),  # None without episodes (JSON has no NaN)
+        "steps_per_second": _finite_or_none(model.num_timesteps / wall if wall > 0 else math.nan),
+        "wall_seconds": wall,
+        "parameters": online_parameters(model, algo),
+        "run_dir": str(run_dir),
+    }
+    if checkpointer is not None:
+        saved = checkpointer.saved
+        summary["checkpoints"] = {"written": len(saved), "bytes": saved[-1][1] if saved else None,
+                                  "seconds": sum(t for _, _, t in saved)}
+    return summary
+
+
+def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train the agent of ``config`` into ``run_dir``; returns the run's summary.
 
-    Ctrl-C (or SIGTERM) stops after the current step, saves the model and the log, then exits with status 130
-    (143). A non-finite loss stops the run with a message on stderr; the summary's ``status`` is then ``"nan"``.
+    Ctrl-C (or SIGTERM) stops at the next rollout start with a checkpoint (without checkpoints: after the current
+    step), saves the model and the log, then exits with status 130 (143). A non-finite loss stops the run with a
+    message on stderr; the summary's ``status`` is then ``"nan"``. ``resume`` continues the run from its checkpoint
+    (:mod:`agents.rl.checkpoint`) exactly as if it had not stopped.
     """
     config = _plain(config)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    stale = [name for name in RUN_FILES if (run_dir / name).exists()]
-    if stale:
-        print(f"{run_dir}: replacing the files of an earlier run ({', '.join(stale)})", file=sys.stderr)
-        for name in stale:
-            (run_dir / name).unlink()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    state, finished = _start(config, run_dir, resume)
+    if finished is not None:
+        return finished
 
     threads = config.get("torch_threads")
     if threads is None and not config["derived"]["cnn"]:
@@ -142,55 +208,72 @@ def train(config: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
 
         progress = sys.stderr.isatty() and multiprocessing.parent_process() is None
     starts = config.get("learning_starts")
-    if starts is not None and config["n_timesteps"] <= starts:
+    if starts is not None and config["n_timesteps"] <= starts and state is None:
         print(f"note: learning_starts={starts} >= steps={config['n_timesteps']}: no gradient update will run",
               file=sys.stderr)
-    env = build_env(config)
-    model = build_model(config, env)
+    every = checkpoint_every(config)
+    if state is None:
+        env = build_env(config)
+        if every:
+            try:
+                check_picklable(env, config["env"])
+            except CheckpointError as err:
+                if config.get("checkpoint_every") is not None:
+                    raise
+                print(f"note: no checkpoints (--resume will start this run afresh): {err}", file=sys.stderr)
+                every = 0
+        model = build_model(config, env)
+    else:
+        model = restore_model(state, config)
+        env = model.get_env()
     probes = [make_probe(name, every=config["probe_every"], **config["probe_kwargs"].get(name, {}))
               for name in config["probe"]]
-    log_config = {k: v for k, v in config.items() if k != "progress"}
+    log_config = {k: v for k, v in config.items() if k not in ("progress", "checkpoint_every")}
     steps = config["n_timesteps"]
-    run_cb = RunCallback(steps, progress=progress,
+    run_cb = RunCallback(steps, progress=progress, resume=None if state is None else state["run"],
                          desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
     probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
                              n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
                              end_status=lambda: run_cb.stop_reason or "finished",
-                             context=ALGOS[config["algo"]].probe_context)
-    ended = False  # whether the run ended in a way run_end can say (finished, interrupted, diverged)
-    try:
-        with stop_on_signals(run_cb):
-            model.learn(steps, callback=CallbackList([run_cb, probe_cb]), log_interval=None)
-        ended = True
-    except (ValueError, RuntimeError) as err:
-        if not _diverged(model, config["algo"], run_cb, err):
+                             context=ALGOS[config["algo"]].probe_context,
+                             resume=None if state is None else state["probes"])
+    callbacks = [run_cb, probe_cb]
+    if every:
+        callbacks.append(Checkpointer(run_dir, every, config=log_config, run_cb=run_cb, probe_cb=probe_cb,
+                                      resume=state))
+    # signals are handled until the run's files are complete: a stop after training ends changes nothing
+    with stop_on_signals(run_cb):
+        ended: bool | str = False  # whether the run ended in a way run_end can say (finished, interrupted, diverged)
+        try:
+            model.learn(steps - model.num_timesteps, callback=CallbackList(callbacks), log_interval=None,
+                        reset_num_timesteps=state is None)
+            ended = True
+        except (RunLogWriteError, RunWriteError):
+            ended = "write_error"
             raise
-        ended = True
-        run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
-    finally:
-        # a no-op after a normal end; otherwise the log is closed readable, with run_end only for a divergence (a
-        # crash leaves none: the run did not finish, and readers treat a log without run_end so)
-        probe_cb.finish(write_end=ended)
-        if run_cb.bar is not None:
-            run_cb.bar.close()
-    model.save(run_dir / "model.zip")
-    env.close()
+        except (ValueError, RuntimeError) as err:
+            if not _diverged(model, config["algo"], run_cb, err):
+                raise
+            ended = True
+            run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
+        finally:
+            # a no-op after a normal end; otherwise the log is closed readable, with run_end for a divergence or a
+            # failed write (a crash leaves none: the run did not finish, and readers treat a log without run_end so)
+            probe_cb.finish(end=ended)
+            if run_cb.bar is not None:
+                run_cb.bar.close()
+        model.save(run_dir / "model.zip")
+        env.close()
 
-    status = run_cb.stop_reason or "finished"
-    wall = run_cb.wall_seconds
-    summary = {
-        "status": status,
-        "steps": int(model.num_timesteps),
-        "episodes": len(run_cb.returns),
-        "final_return": _finite_or_none(final_return(run_cb.returns)),  # None without episodes (JSON has no NaN)
-        "steps_per_second": _finite_or_none(model.num_timesteps / wall if wall > 0 else math.nan),
-        "wall_seconds": wall,
-        "parameters": online_parameters(model, config["algo"]),
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        status = run_cb.stop_reason or "finished"
+        summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if status == "finished":
+            (run_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is complete: model.zip and the log hold it
     if status == "interrupted":
-        print(f"{run_cb.stop_message}; model and log saved in {run_dir}", file=sys.stderr)
+        where = (f"; continue it with --resume (checkpoint at step {callbacks[-1].last_step})"
+                 if every and callbacks[-1].last_step is not None else "")
+        print(f"{run_cb.stop_message}; model and log saved in {run_dir}{where}", file=sys.stderr)
         raise SystemExit(128 + run_cb.stop_signal)  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
     if status == "nan":
         print(f"error: {run_cb.stop_message}; the log and model so far are in {run_dir}", file=sys.stderr)

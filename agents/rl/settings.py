@@ -66,6 +66,8 @@ class Common:
     probe_inputs: int = _s(c.integer(1), "fixed probe inputs")
     torch_threads: int | None = _s(c.integer(1, optional=True), "torch threads; null: 1 for MLPs")
     progress: bool | None = _s(c.boolean(True), "progress bar; null: when stderr is a terminal")
+    checkpoint_every: int | None = _s(c.integer(0, optional=True),
+                                      "env steps between checkpoints for --resume; null: a tenth of the run; 0: none")
 
 
 @dataclass
