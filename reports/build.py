@@ -7,7 +7,6 @@ run log) says (:mod:`reports.fields`), with no edit here.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -16,42 +15,63 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run
+from probes.runlog import END, Run
 
 from . import data, plots
 from .fields import probe_figures, slug
-from .html import Table, write_index
+from .html import Part, Table, write_index
+from .labels import scalar_label, step_label
 
 __all__ = ["build_report", "run_tables", "SCALARS"]
 
 #: Scalars plotted first, in this order; any others follow alphabetically.
 SCALARS = ("episode_return", "test_mse", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
 
+
 _Sections = dict[str, list[tuple[str, str]]]
 
 
 class _Writer:
-    """Saves figures under `out` and records them as (caption, file name) per section."""
+    """Saves figures under ``out/sub`` and records them as (caption, path relative to `out`) per section."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    def __init__(self, out: Path, sub: str = "") -> None:
+        self.out, self.sub = out, sub
         self.sections: _Sections = {}
 
     def add(self, section: str, caption: str, name: str, fig: Figure) -> None:
-        plots.save(fig, self.out / name)
-        self.sections.setdefault(section, []).append((caption, name))
+        name = name if name.endswith(".png") else f"{name}.png"
+        rel = f"{self.sub}/{name}" if self.sub else name
+        plots.save(fig, self.out / rel)
+        self.sections.setdefault(section, []).append((caption, rel))
 
 
-def _learning_curves(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str], window: int) -> None:
-    present = {name for runs in groups.values() for run in runs for name in run.scalars}
+def _constant(runs: Sequence[Run], name: str) -> float | None:
+    """The value of a scalar series that never changes in any run (None if it changes or is absent)."""
+    values = [run.scalars[name][1] for run in runs if name in run.scalars and len(run.scalars[name][1])]
+    if not values:
+        return None
+    joined = np.concatenate(values)
+    return float(joined[0]) if np.all(joined == joined[0]) else None
+
+
+def _learning_curves(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str], window: int) -> list[str]:
+    """Learning-curve figures; returns notes on the series left out (constant ones)."""
+    runs = [r for g in groups.values() for r in g]
+    present = {name for run in runs for name in run.scalars} - {END}
     names = [s for s in SCALARS if s in present] + sorted(present - set(SCALARS))
+    notes, config = [], runs[0].config
     for name in names:
+        if (value := _constant(runs, name)) is not None:
+            notes.append(f"{scalar_label(name, config)} is {value:.4g} throughout (not plotted).")
+            continue
         curves = {label: c for label, runs in groups.items()
                   if (c := data.learning_curve(runs, name, window=window)) is not None}
         if curves:
-            fig = plots.mean_curves({name: curves}, colors=colors)
-            w.add("Learning curves", f"{name}: mean over seeds, shaded ± standard error",
-                  f"curve_{slug(name)}.png", fig)
+            fig = plots.mean_curves({scalar_label(name, config): curves}, colors=colors, xlabel=step_label(config),
+                                    title="mean ± standard error over n seeds")
+            w.add("Learning curves", f"{scalar_label(name, config)}: mean over seeds, shaded ± standard error",
+                  f"curve_{slug(name)}", fig)
+    return notes
 
 
 def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str],
@@ -63,7 +83,7 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
                   if (records := data.select_records(runs[0], "gradcov", loss, steps))}
         if panels:
             w.add(section, f"{loss} loss: gradient covariance of one seed per configuration",
-                  f"gradcov_{slug(loss)}.png", plots.gradcov_heatmaps(panels, loss))
+                  f"gradcov_{slug(loss)}", plots.gradcov_heatmaps(panels, loss))
         stats = {"mean off-diagonal C_ij": f"{loss}_offdiag_mean",
                  "fraction of negative C_ij": f"{loss}_negative_fraction"}
         curves = {ylabel: {label: s for label, runs in groups.items()
@@ -72,21 +92,22 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
         curves = {ylabel: c for ylabel, c in curves.items() if c}
         if curves:
             w.add(section, f"{loss} loss: interference over time, mean over seeds ± standard error",
-                  f"gradcov_{slug(loss)}_over_time.png",
-                  plots.mean_curves(curves, title=f"{loss} loss", colors=colors))
+                  f"gradcov_{slug(loss)}_over_time",
+                  plots.mean_curves(curves, title=f"{loss} loss: mean ± standard error over n seeds", colors=colors,
+                                    xlabel=step_label(runs_of(groups)[0].config)))
 
 
 def _ntk(w: _Writer, groups: Mapping[str, list[Run]], steps: Sequence[int] | None) -> None:
     matrices = {label: records for label, runs in groups.items() if data.ntk_kind(runs[0]) == "matrix"
                 and (records := data.select_records(runs[0], "ntk", "kernel", steps))}
     if matrices:
-        w.add("NTK", "empirical NTK on the fixed probe inputs, one seed per configuration", "ntk.png",
+        w.add("NTK", "empirical NTK on the fixed probe inputs, one seed per configuration", "ntk",
               plots.ntk_matrices(matrices))
     vectors = {label: records for label, runs in groups.items() if data.ntk_kind(runs[0]) == "current"
                and (records := data.current_ntk(runs[0], steps))}
     if vectors:
         w.add("NTK", "NTK(x, x_t) against the sample being learned, one seed per configuration",
-              "ntk_current.png", plots.ntk_vectors(vectors))
+              "ntk_current", plots.ntk_vectors(vectors))
 
 
 def _hand_made(probe: str, field: str) -> bool:
@@ -104,36 +125,69 @@ def _final(run: Run) -> float:
     return data.final_return(run) if len(run.scalars.get("episode_return", ((), ()))[1]) else math.nan
 
 
-def _cell(config: dict, key: str) -> str:
-    value = config.get(key, "")
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def _fmt(x: float) -> str:
     return "" if math.isnan(x) else f"{x:.4g}"
 
 
-def run_tables(groups: Mapping[str, list[Run]]) -> list[Table]:
-    """A table of the groups (seeds, final return mean ± standard error over seeds) and one of the runs
-    (file, seed, git commit, final return, config)."""
+def _widths(config: Mapping) -> str:
+    """The hidden widths built (after width matching), e.g. ``1571`` or ``pi 64,64; vf 64,64``."""
+    hidden = (config.get("derived") or {}).get("hidden")
+    if not hidden:
+        return ""
+    text = "; ".join(f"{role} {','.join(map(str, w))}" for role, w in hidden.items()) if len(hidden) > 1 else \
+        ",".join(map(str, next(iter(hidden.values()))))
+    return f"{text} (matched)" if config.get("match_width") and config.get("act") != "elephant" else text
+
+
+def runs_of(groups: Mapping[str, list[Run]]) -> list[Run]:
+    return [r for g in groups.values() for r in g]
+
+
+def run_tables(groups: Mapping[str, list[Run]], settings: Mapping[str, str] | None = None,
+               root: str | None = None) -> list[Table]:
+    """A table of the groups (settings where the label is shortened, hidden widths built, seeds, final return
+    mean ± standard error over seeds) and one of the runs (file relative to ``root``, seed, how it ended, last
+    step, final return, git commit)."""
+    settings = settings or {}
     summary = []
     for label, runs in groups.items():
         finals = np.array([_final(r) for r in runs])
         finals = finals[~np.isnan(finals)]
         sem = finals.std(ddof=1) / np.sqrt(len(finals)) if len(finals) > 1 else math.nan
         mean = finals.mean() if len(finals) else math.nan
-        summary.append([label, ", ".join(str(r.seed) for r in runs),
-                        f"{_fmt(mean)} ± {_fmt(sem)}" if len(finals) > 1 else _fmt(mean)])
-    keys = list(dict.fromkeys(k for runs in groups.values() for r in runs for k in r.config))
-    rows = [[r.path, label, str(r.seed), _commit(r), _fmt(_final(r)), *(_cell(r.config, k) for k in keys)]
+        ret = f"{_fmt(mean)} ± {_fmt(sem)} (n={len(finals)})" if len(finals) > 1 else _fmt(mean)
+        summary.append([label, settings.get(label, ""), _widths(runs[0].config), ", ".join(str(r.seed) for r in runs),
+                        ret])
+    rows = [[os.path.relpath(r.path, root) if root else r.path, label, str(r.seed), data.run_end(r) or "unfinished",
+             str(data.training_length(r)), _fmt(_final(r)), _commit(r)]
             for label, runs in groups.items() for r in runs]
-    return [Table("Configurations", ["configuration", "seeds", "final return (last 10% of episodes)"], summary),
-            Table("Runs", ["file", "configuration", "seed", "git commit", "final return", *keys], rows)]
+    columns = ["configuration", "settings", "hidden widths", "seeds", "final return (last 10% of episodes), mean ± SE"]
+    if not settings:  # no label was shortened: the labels say it all
+        columns, summary = columns[:1] + columns[2:], [row[:1] + row[2:] for row in summary]
+    return [Table("Configurations", columns, summary),
+            Table("Runs", ["file", "configuration", "seed", "end", "last step", "final return", "git commit"], rows)]
+
+
+def _part(heading: str, runs: Sequence[Run], out: Path, sub: str, steps: Sequence[int] | None, window: int,
+          root: str | None) -> Part:
+    """The section of one (algorithm, env): its configurations, labelled by what differs between them."""
+    full = data.group_by_config(runs, fallback=("act",))  # the part's heading names the algorithm and env
+    short = data.short_labels(list(full))
+    groups = {short[label]: group for label, group in full.items()}
+    settings = {short[label]: label for label in full if short[label] != label}
+    colors = plots.group_colors({label: group[0].config.get("act") for label, group in groups.items()})
+    w = _Writer(out, sub)
+    notes = _learning_curves(w, groups, colors, window)
+    _gradcov(w, groups, colors, steps)
+    _ntk(w, groups, steps)
+    probe_figures(w.add, groups, colors, steps, skip=_hand_made)
+    return Part(heading, run_tables(groups, settings, root), w.sections, notes)
 
 
 def build_report(runs: Sequence[Run], out_dir: str | os.PathLike, steps: Sequence[int] | None = None,
                  window: int = 1) -> Path:
-    """Write every figure the runs have data for as PNGs under `out_dir`, and ``out_dir/index.html``.
+    """Write every figure the runs have data for (PNG and PDF) under `out_dir`, and ``out_dir/index.html``: one
+    section per (algorithm, env), each with its configurations labelled by what differs between them.
 
     steps: training steps of the heatmaps and NTK panels (nearest records); default midpoint and end of
         training. window: episodes averaged (trailing) before learning curves are interpolated.
@@ -143,11 +197,9 @@ def build_report(runs: Sequence[Run], out_dir: str | os.PathLike, steps: Sequenc
         raise ValueError("build_report: no runs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    groups = data.group_by_config(runs)
-    colors = {label: f"C{i % 10}" for i, label in enumerate(groups)}
-    w = _Writer(out)
-    _learning_curves(w, groups, colors, window)
-    _gradcov(w, groups, colors, steps)
-    _ntk(w, groups, steps)
-    probe_figures(w.add, groups, colors, steps, skip=_hand_made)
-    return write_index(out, "Run report", run_tables(groups), w.sections)
+    split = data.partition(runs)
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in runs])
+    parts = [_part(heading, part, out, slug(heading.lower()) if len(split) > 1 else "", steps, window, root)
+             for heading, part in split.items()]
+    notes = [f"{len(runs)} run logs under {root}, in {len(parts)} part(s) by algorithm and environment."]
+    return write_index(out, "Run report", parts=parts, notes=notes)

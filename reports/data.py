@@ -21,6 +21,7 @@ from probes.schema import FieldDoc, ProbeSchema, default_doc
 
 __all__ = [
     "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "config_key", "config_labels", "group_by_config",
+    "partition", "short_labels", "MAX_LABEL",
     "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
     "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
     "probe_inputs", "probe_schema", "field_doc", "probe_fields",
@@ -152,12 +153,13 @@ def config_labels(configs: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()
                      for k in differing if k in c or k in top) for c in flat]
 
 
-def group_by_config(runs: Iterable[Run], ignore: Sequence[str] = ("seed",)) -> dict[str, list[Run]]:
+def group_by_config(runs: Iterable[Run], ignore: Sequence[str] = ("seed",),
+                    fallback: Sequence[str] = ("algo", "env", "act")) -> dict[str, list[Run]]:
     """Group runs whose configs are equal except for the keys in `ignore`.
 
     Labels list the settings that differ between groups (see `config_labels`), e.g. ``"act=elephant
-    lr=0.001"``; groups that differ in none of them (e.g. a single group) are labelled by ``algo``, ``env`` and
-    ``act``. Groups keep the order of their first run; runs within a group are sorted by seed.
+    lr=0.001"``; groups that differ in none of them (e.g. a single group) are labelled by the `fallback` keys.
+    Groups keep the order of their first run; runs within a group are sorted by seed.
     """
     groups: dict[str, list[Run]] = {}
     configs: dict[str, dict] = {}
@@ -167,7 +169,7 @@ def group_by_config(runs: Iterable[Run], ignore: Sequence[str] = ("seed",)) -> d
         configs.setdefault(key, {k: v for k, v in run.config.items() if k not in ignore})
     texts = config_labels(list(configs.values()))
     if not any(texts):
-        texts = [" ".join(f"{k}={_format_value(c[k])}" for k in ("algo", "env", "act") if k in c)
+        texts = [" ".join(f"{k}={_format_value(c[k])}" for k in fallback if k in c)
                  for c in configs.values()]
     labels: dict[str, str] = {}
     for key, text in zip(configs, texts):
@@ -175,6 +177,28 @@ def group_by_config(runs: Iterable[Run], ignore: Sequence[str] = ("seed",)) -> d
         n = sum(1 for other in labels.values() if other == label or other.startswith(f"{label} #"))
         labels[key] = f"{label} #{n + 1}" if n else label  # e.g. "1" and 1 print alike
     return {labels[key]: sorted(group, key=lambda r: r.seed) for key, group in groups.items()}
+
+
+def partition(runs: Iterable[Run]) -> dict[str, list[Run]]:
+    """Runs split by what they learn: ``{"DQN on CartPole-v1": [...], ...}`` by ``algo`` (or the streaming
+    ``command``) and ``env``, in first-seen order. A report gives each part its own section, configurations and
+    labels, so that runs of different algorithms or environments are never compared on one axis."""
+    parts: dict[str, list[Run]] = {}
+    for run in runs:
+        c = run.config
+        learner = str(c.get("algo") or c.get("command") or "runs")
+        name = learner.upper() if "algo" in c else learner
+        parts.setdefault(f"{name} on {c['env']}" if c.get("env") else name, []).append(run)
+    return parts
+
+
+#: longest group label a report shows; longer ones become ``config K`` (the table gives their settings)
+MAX_LABEL = 60
+
+
+def short_labels(labels: Sequence[str], limit: int = MAX_LABEL) -> dict[str, str]:
+    """``{label: short label}``: labels of at most ``limit`` characters as they are, longer ones ``config K``."""
+    return {label: label if len(label) <= limit else f"config {i + 1}" for i, label in enumerate(labels)}
 
 
 # --- learning curves ----------------------------------------------------------------

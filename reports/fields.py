@@ -18,6 +18,7 @@ from probes.runlog import Run
 from probes.schema import FieldDoc
 
 from . import data, plots
+from .labels import step_label
 
 __all__ = ["probe_figures", "slug"]
 
@@ -77,8 +78,10 @@ def _curve(add: Add, groups: Mapping[str, list[Run]], colors: dict[str, str], ti
     curves = {label: s for label, group in groups.items()
               if (s := data.probe_series(group, probe, field)) is not None and s.values.ndim == 2}
     if curves:
+        config = next(iter(groups.values()))[0].config
         add(title, f"{caption}; mean over seeds ± standard error", f"probe_{slug(probe)}_{slug(field)}.png",
-            plots.mean_curves({doc.units or field: curves}, title=f"{probe}.{field}", colors=colors))
+            plots.mean_curves({doc.units or field: curves}, title=f"{probe}.{field}: mean ± SE over n seeds",
+                              colors=colors, xlabel=step_label(config)))
 
 
 def _heatmap(add: Add, groups: Mapping[str, list[Run]], steps: Sequence[int] | None, title: str, probe: str,
@@ -104,8 +107,8 @@ def _per_layer(add: Add, groups: Mapping[str, list[Run]], title: str, probe: str
         if kind == "per_layer":
             fraction = first.units == "fraction"
             fig = plots.layer_series(found, entries, label, ylabel=first.units or "value",
-                                     ylim=(-0.02, 1.02) if fraction else None)
+                                     ylim=(-0.02, 1.02) if fraction else None, xlabel=step_label(group[0].config))
         else:
-            fig = plots.layer_ranges(found, entries, label)
+            fig = plots.layer_ranges(found, entries, label, xlabel=step_label(group[0].config))
         meanings = "; ".join(f"{probe}.{f}: {docs[f].meaning}" for f in found)
         add(title, f"{label}: {meanings}; mean over {len(group)} seed(s)", f"probe_{name}_{i}.png", fig)

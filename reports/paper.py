@@ -1,5 +1,5 @@
-"""The paper's numbers that reports compare against (Lan & Mahmood, "Elastic Neural Networks with Elephant
-Activation Functions"), transcribed from its LaTeX source so that reports work without it.
+"""The paper's numbers that reports compare against (:data:`CITATION`), transcribed from its LaTeX source so that
+reports work without it.
 
 Only tables are kept here; statements in the running text are not.
 
@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-__all__ = ["METHOD_NAMES", "SIN_TABLE", "SIN_SEEDS", "SIN_LRS", "SRNN_ACTIVATIONS", "SRNN_LAMBDAS", "SRNN_BETAS",
+__all__ = ["TITLE", "AUTHORS", "CITATION", "METHOD_NAMES", "SIN_TABLE", "SIN_SEEDS", "SIN_LRS", "SRNN_ACTIVATIONS", "SRNN_LAMBDAS", "SRNN_BETAS",
            "SIN_SETTINGS", "ACTIVATION_SPARSITY", "TABLES", "table_rows", "method_name"]
+
+#: The paper this toolkit reproduces and every report and the showcase cite.
+TITLE = "Efficient Reinforcement Learning by Reducing Forgetting with Elephant Activation Functions"
+AUTHORS = "Qingfeng Lan, Gautham Vasan and A. Rupam Mahmood"
+CITATION = f"{AUTHORS}, \u201c{TITLE}\u201d"
 
 #: Display names of the methods, in the paper's table order.
 METHOD_NAMES = {"relu": "ReLU", "sigmoid": "Sigmoid", "tanh": "Tanh", "elu": "ELU", "srnn": "SR-NN",

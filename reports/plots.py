@@ -1,7 +1,7 @@
 """Matplotlib figures of the arrays in :mod:`reports.data`.
 
-Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global state, rendered by
-the Agg canvas); `save` writes it as a PNG. Mappings are ``{group label: data}``, plotted in their order.
+Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global state, rendered
+by the Agg canvas); `save` writes it as a PNG and a vector PDF. Mappings are ``{group label: data}``, plotted in their order.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 
 from .data import CurrentNTK, Curve, Record, Series, ntk_matrix
 
-__all__ = ["GRADCOV_CMAP", "GRADCOV_CLIM", "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
+__all__ = ["GRADCOV_CMAP", "GRADCOV_CLIM", "ACTIVATION_COLORS", "activation_color", "group_colors", "heatmap_scale",
+           "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
            "ntk_vectors", "layer_series", "layer_ranges", "heatmaps"]
 
 GRADCOV_CMAP = "RdBu_r"
@@ -30,12 +31,34 @@ def _wrap(label: str, width: int = 45) -> str:
     return textwrap.fill(label, width, break_on_hyphens=False)
 
 
-def save(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:
-    """Write `fig` as a PNG at `path` and return the path."""
+def save(fig: Figure, path: str | os.PathLike, dpi: int = 100, pdf: bool = True) -> Path:
+    """Write `fig` as a PNG at `path` and (``pdf``) as vector PDF beside it (same name, ``.pdf``, for papers);
+    returns the PNG's path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=dpi)
+    if pdf:
+        fig.savefig(path.with_suffix(".pdf"), format="pdf")
     return path
+
+
+#: one colour per activation on every figure and page (matplotlib's tab10 names)
+ACTIVATION_COLORS = {"elephant": "C3", "relu": "C0", "tanh": "C2", "sigmoid": "C4", "elu": "C1", "maxout": "C5",
+                     "lwta": "C6", "fta": "C7", "leaky_relu": "C8", "gelu": "C9", "silu": "C9"}
+
+
+def activation_color(act: str) -> str:
+    """The colour of activation ``act`` (a fixed map; others get grey)."""
+    return ACTIVATION_COLORS.get(act, "0.4")
+
+
+def group_colors(acts: Mapping[str, str | None]) -> dict[str, str]:
+    """Colours of groups ``{label: activation}``: each activation's own colour when every group has another
+    activation (so Elephant is the same colour on every figure), else one tab10 colour per group in order."""
+    names = list(acts.values())
+    if all(a is not None for a in names) and len(set(names)) == len(names):
+        return {label: activation_color(a) for label, a in acts.items()}
+    return {label: f"C{i % 10}" for i, label in enumerate(acts)}
 
 
 def _colors(labels: Sequence[str], colors: Mapping[str, str] | None) -> dict[str, str]:
@@ -43,9 +66,10 @@ def _colors(labels: Sequence[str], colors: Mapping[str, str] | None) -> dict[str
 
 
 def mean_curves(panels: Mapping[str, Mapping[str, Curve | Series]], title: str = "",
-                colors: Mapping[str, str] | None = None) -> Figure:
+                colors: Mapping[str, str] | None = None, xlabel: str = "step") -> Figure:
     """One subplot per panel ``{ylabel: {label: curve}}``: each curve's mean over runs as a line, shaded
-    ± one standard error where at least two runs contribute. Curves must hold scalar values."""
+    ± one standard error where at least two runs contribute, ``(n=...)`` in the legend. Curves must hold scalar
+    values."""
     fig = Figure(figsize=(_LINE_W_IN * len(panels), _LINE_H_IN), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (ylabel, curves) in zip(axes, panels.items()):
@@ -55,11 +79,11 @@ def mean_curves(panels: Mapping[str, Mapping[str, Curve | Series]], title: str =
             ax.plot(curve.steps, mean, color=palette[label], label=f"{label} (n={len(curve.values)})")
             if np.any(np.isfinite(sem)):
                 ax.fill_between(curve.steps, mean - sem, mean + sem, color=palette[label], alpha=0.25, lw=0)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10)
     return fig
 
 
@@ -100,20 +124,33 @@ def ntk_matrices(panels: Mapping[str, Sequence[Record]]) -> Figure:
     return heatmaps(traced, "Empirical NTK on the probe inputs", ("input i", "input j"))
 
 
+def heatmap_scale(value: np.ndarray) -> tuple[str, float, float]:
+    """(colour map, vmin, vmax) of a matrix: sequential from 0 when no entry is negative (an NTK of positive
+    entries keeps its structure instead of showing as one block of a diverging map), else diverging and symmetric
+    about 0."""
+    finite = value[np.isfinite(value)]
+    if finite.size and finite.min() >= 0:
+        return "viridis", 0.0, float(finite.max()) or 1.0
+    limit = float(np.abs(finite).max()) if finite.size else 1.0
+    return "RdBu_r", -(limit or 1.0), limit or 1.0
+
+
 def heatmaps(panels: Mapping[str, Sequence[Record]], title: str, axes_names: Sequence[str] = ("i", "j")) -> Figure:
-    """Matrices ``(M, M')``: one row per group, one panel per record, each with symmetric color limits
-    ``± max |value|`` and its own colorbar; ``axes_names`` label the rows and columns."""
+    """Matrices ``(M, M')``: one row per group, one panel per record, each with its own colorbar, scaled by
+    :func:`heatmap_scale`, its range printed above it; ``axes_names`` label the rows and columns."""
     n_cols = max((len(records) for records in panels.values()), default=0)
     if n_cols == 0:
         raise ValueError("heatmaps: no records to plot")
     fig, axes = _grid(len(panels), n_cols)
     for row, (label, records) in zip(axes, panels.items()):
         for ax, record in zip(row, records):
-            limit = float(np.nanmax(np.abs(record.value))) or 1.0
+            cmap, vmin, vmax = heatmap_scale(record.value)
             ax.set_axis_on()
-            image = ax.imshow(record.value, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
+            image = ax.imshow(record.value, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
             fig.colorbar(image, ax=ax, shrink=0.8)
-            ax.set_title(f"{_wrap(label)}\nstep {record.step} (seed {record.seed})", fontsize=8)
+            lo, hi = np.nanmin(record.value), np.nanmax(record.value)
+            ax.set_title(f"{_wrap(label)}\nstep {record.step} (seed {record.seed}); range [{lo:.3g}, {hi:.3g}]",
+                         fontsize=8)
             ax.set_xlabel(axes_names[1], fontsize=8)
             ax.set_ylabel(axes_names[0], fontsize=8)
     fig.suptitle(title)
@@ -146,32 +183,52 @@ def ntk_vectors(panels: Mapping[str, Sequence[CurrentNTK]]) -> Figure:
 
 
 def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str = "", *,
-                 ylabel: str = "fraction", ylim: tuple[float, float] | None = (-0.02, 1.02)) -> Figure:
+                 ylabel: str = "fraction", ylim: tuple[float, float] | None = (-0.02, 1.02),
+                 xlabel: str = "step") -> Figure:
     """Per-layer fields over time, ``{field: Series}`` with values ``(R, T, L)``: one subplot per field, one
     line per layer (mean over runs), y axis ``ylabel`` within ``ylim`` (default: a fraction in [0, 1]; None:
     automatic); two subplots per row."""
     n_cols = min(2, len(series))
     n_rows = -(-len(series) // n_cols)
-    fig = Figure(figsize=(_LINE_W_IN * n_cols, _LINE_H_IN * n_rows), layout="constrained")
+    outside = len(layers) > _LEGEND_INSIDE  # many entries (a parameter per line): legend beside the panels
+    legend_cols = 1 if len(layers) <= 30 else 2
+    height = max(_LINE_H_IN * n_rows, 0.14 * len(layers) / legend_cols + 0.8) if outside else _LINE_H_IN * n_rows
+    fig = Figure(figsize=(_LINE_W_IN * n_cols + (2.2 * legend_cols if outside else 0), height), layout="constrained")
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
     for ax in axes[len(series):]:
         ax.set_axis_off()
+    palette = line_colors(len(layers))
     for ax, (name, s) in zip(axes, series.items()):
         mean = s.mean
         for i, layer in enumerate(layers):
-            ax.plot(s.steps, mean[:, i], marker=".", label=layer)
+            ax.plot(s.steps, mean[:, i], marker=".", label=layer, color=palette[i])
         if ylim is not None:
             ax.set_ylim(*ylim)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(name.replace("_", " "), fontsize=9)
-    axes[0].legend(fontsize=7)
+    if outside:
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=6, ncols=legend_cols)
+    else:
+        axes[0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
     return fig
 
 
-def layer_ranges(series: Mapping[str, Series], layers: Sequence[str], title: str = "") -> Figure:
+_LEGEND_INSIDE = 6  # legends of more entries go beside the panels
+
+
+def line_colors(n: int) -> list:
+    """``n`` distinguishable line colours: tab10 up to 10, else evenly spaced on viridis."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    from matplotlib import colormaps
+
+    return [colormaps["viridis"](i / (n - 1)) for i in range(n)]
+
+
+def layer_ranges(series: Mapping[str, Series], layers: Sequence[str], title: str = "", xlabel: str = "step") -> Figure:
     """Per-unit parameters over time, e.g. ``{"elephant_h": Series, "elephant_a": Series}`` with values
     ``(R, T, L, 3)`` (mean, min, max over the units of each layer): one subplot per field, per layer its mean as a
     line and its min-max range as a band (each averaged over runs)."""
@@ -183,7 +240,7 @@ def layer_ranges(series: Mapping[str, Series], layers: Sequence[str], title: str
             color = f"C{i % 10}"
             ax.plot(s.steps, mean[:, i, 0], color=color, label=layer)
             ax.fill_between(s.steps, mean[:, i, 1], mean[:, i, 2], color=color, alpha=0.2, lw=0)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(name)
         ax.set_title(f"{name}: mean over units, band min to max", fontsize=9)
         ax.legend(fontsize=7)
