@@ -14,12 +14,17 @@ from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "RunWriteError", "commands", "get_command", "read_yaml", "register_command"]
+__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "get_command", "read_yaml", "register_command"]
 
 
 class ConfigError(ValueError):
     """A config value a command refuses (unknown activation, negative learning rate, unknown env, ...), or a run
     folder it cannot resume (``agents.train`` exits with status 2)."""
+
+
+#: config keys that change how a run shows progress, saves or logs, never what it computes: a change in them neither
+#: makes a finished run stale (grid) nor a checkpoint foreign (--resume)
+OUTPUT_KEYS = ("progress", "torch_threads", "checkpoint_every", "sb3_log")
 
 
 class RunWriteError(OSError):

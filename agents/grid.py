@@ -14,8 +14,8 @@ and one or more sub-grids whose lists are crossed::
 
 Every entry is validated by the command before anything runs. A run is finished when its run directory holds
 ``DONE.json`` (written last, with the run's summary) and its saved config (``config.yaml``, or the config in
-``DONE.json`` for commands that write none) equals the grid's config for it, ignoring ``progress``,
-``torch_threads`` and ``checkpoint_every``; a finished run with another config is stale and is redone. An
+``DONE.json`` for commands that write none) equals the grid's config for it, ignoring the keys that only change
+how a run reports and saves (:data:`agents.commands.OUTPUT_KEYS`); a finished run with another config is stale and is redone. An
 interrupted grid re-run skips finished runs and redoes the rest; with ``--resume`` it continues unfinished runs of
 commands that checkpoint (dqn, ppo, sac) from their last checkpoint, exactly as if they had not stopped.
 
@@ -55,7 +55,7 @@ from tqdm import tqdm
 from probes.plugins import PluginError, load_plugins
 from probes.runlog import RunLogWriteError
 
-from .commands import ConfigError, RunWriteError, commands, get_command, read_yaml
+from .commands import OUTPUT_KEYS, ConfigError, RunWriteError, commands, get_command, read_yaml
 from .runlock import run_lock
 from .signals import STOP_SIGNALS, handling
 
@@ -64,7 +64,7 @@ __all__ = ["GridRun", "Outcome", "GridReport", "expand", "load_grid", "plan", "r
 DONE = "DONE.json"
 ERROR = "ERROR.txt"
 #: config keys that do not change a run's results: a change in them does not make a finished run stale
-IGNORED_KEYS = ("progress", "torch_threads", "checkpoint_every")
+IGNORED_KEYS = OUTPUT_KEYS
 
 
 @dataclass(frozen=True)

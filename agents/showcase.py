@@ -21,7 +21,7 @@ import torch
 
 from interference.demo import sparsity_table
 from probes import find_runs, read_run
-from reports.build import build_report
+from reports.build import report_parts
 from reports.html import Table, write_index
 from reports.stream import build_stream_report, edit_table, stream_table
 
@@ -55,7 +55,8 @@ def run(out: Path, seeds: str) -> Path:
     note = (f"Showcase scale: {n_seeds} seeds per method (the paper uses 5) and one learning rate per method (each "
             "method's best in the full sweep); the full table is `python -m agents.grid agents/grids/stream_table.yml`.")
     build_stream_report(stream_runs, edit_runs, out / "stream", note=note)
-    build_report(stream_runs, out / "probes")
+    parts = report_parts(stream_runs, out / "probes")
+    write_index(out / "probes", "Probes of the streaming runs", parts=parts)
 
     table = stream_table(stream_runs)
     edits = edit_table(edit_runs)
@@ -75,13 +76,20 @@ def run(out: Path, seeds: str) -> Path:
     ]
     figures = {
         "Streaming regression (Figure 2a): learned function and normalised NTK(x, x_t)": [
-            ("Elephant and ReLU at several stages of the stream", "stream/sine_panels.png"),
-            ("Test MSE after each sample", "stream/test_mse.png")],
-        "Local editing (Figure 2b)": [("Before and after the edit", "stream/edit.png")],
-        "Probes during training": [(p.stem.replace("_", " "), str(p.relative_to(out)))
-                                   for p in sorted((out / "probes").glob("*.png"))],
+            ("Elephant (top) and ReLU (bottom) after 1 to 200 samples: the learned function and NTK(x, x_t)",
+             "stream/sine_panels.png"),
+            (f"Test MSE after each sample, mean ± SE over {n_seeds} seeds", "stream/test_mse.png")],
+        "Local editing (Figure 2b)": [("Before and after the edit at x = 1.5 (seed 0), and the far change of every "
+                                       "seed", "stream/edit.png")],
+        **{f"Probes during training: {heading.lower()}": [(caption, f"probes/{src}") for caption, src in figs]
+           for part in parts for heading, figs in part.sections.items()},
     }
-    index = write_index(out, "interference showcase: Elephant vs ReLU", tables, figures)
+    notes = [f"Showcase scale: {n_seeds} seeds per method (the paper and the README's tables use 5). Elephant's "
+             "far change after an edit varies between seeds more than ReLU's, so the ReLU / Elephant ratio moves "
+             "with the seeds drawn (the README quotes 5 seeds: python -m agents.train edit --act elephant --seeds "
+             "0,1,2,3,4, and the same for relu)."]
+    links = [("Streaming report (table, Fig. 2 panels)", "stream/index.html"), ("Probe report", "probes/index.html")]
+    index = write_index(out, "interference showcase: Elephant vs ReLU", tables, figures, notes=notes, links=links)
     print(f"\n{index}  (built in {time.perf_counter() - start:.0f} s; full reports in {out / 'stream'} and "
           f"{out / 'probes'})")
     return index

@@ -73,6 +73,18 @@ def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
     return modules, rest
 
 
+def _rounded(value: object) -> object:
+    """Floats to 6 significant digits, for people (``177.151`` steps/s, not ``177.15101011351862``); the files keep
+    full precision."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     modules, argv = split_imports(sys.argv[1:] if argv is None else list(argv))
     try:
@@ -117,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         # HDF5 objects of a file whose writes failed can crash the interpreter when they are freed at exit
         # (segmentation fault): leave at once, with the status that says what happened
         os._exit(EXIT_IO)
-    print(json.dumps(summary, indent=1, default=str))
+    print(json.dumps(_rounded(summary), indent=1, default=str))
     return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains
 
 

@@ -22,11 +22,14 @@ from .fields import probe_figures, slug
 from .html import Part, Table, write_index
 from .labels import scalar_label, step_label
 
-__all__ = ["build_report", "run_tables", "SCALARS"]
+__all__ = ["build_report", "report_parts", "run_tables", "SCALARS"]
 
 #: Scalars plotted first, in this order; any others follow alphabetically.
 SCALARS = ("episode_return", "test_mse", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
 
+
+#: commands of the streaming learners, whose paper figures come from :mod:`reports.stream`
+STREAM_COMMANDS = ("stream-sin", "edit")
 
 _Sections = dict[str, list[tuple[str, str]]]
 
@@ -181,25 +184,38 @@ def _part(heading: str, runs: Sequence[Run], out: Path, sub: str, steps: Sequenc
     _gradcov(w, groups, colors, steps)
     _ntk(w, groups, steps)
     probe_figures(w.add, groups, colors, steps, skip=_hand_made)
+    if (runs[0].config.get("command") or runs[0].config.get("algo")) in STREAM_COMMANDS:
+        notes.append("The paper's streaming table and Fig. 2 panels for these runs: python -m reports.stream DIR -o OUT.")
+    if not w.sections:
+        notes.append("No figures: these logs hold no scalar series or probe records that this report plots.")
     return Part(heading, run_tables(groups, settings, root), w.sections, notes)
 
 
-def build_report(runs: Sequence[Run], out_dir: str | os.PathLike, steps: Sequence[int] | None = None,
-                 window: int = 1) -> Path:
-    """Write every figure the runs have data for (PNG and PDF) under `out_dir`, and ``out_dir/index.html``: one
-    section per (algorithm, env), each with its configurations labelled by what differs between them.
-
-    steps: training steps of the heatmaps and NTK panels (nearest records); default midpoint and end of
-        training. window: episodes averaged (trailing) before learning curves are interpolated.
-    Returns the path of ``index.html``.
-    """
+def report_parts(runs: Sequence[Run], out_dir: str | os.PathLike, steps: Sequence[int] | None = None,
+                 window: int = 1) -> list[Part]:
+    """Write every figure the runs have data for (PNG and PDF) under `out_dir` and return the report's parts: one
+    per (algorithm, env), each with its configurations labelled by what differs between them, its tables and its
+    figure sections (captions and paths relative to `out_dir`), for a page of one's own (the showcase's)."""
     if not runs:
         raise ValueError("build_report: no runs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     split = data.partition(runs)
     root = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in runs])
-    parts = [_part(heading, part, out, slug(heading.lower()) if len(split) > 1 else "", steps, window, root)
-             for heading, part in split.items()]
-    notes = [f"{len(runs)} run logs under {root}, in {len(parts)} part(s) by algorithm and environment."]
-    return write_index(out, "Run report", parts=parts, notes=notes)
+    return [_part(heading, part, out, slug(heading.lower()) if len(split) > 1 else "", steps, window, root)
+            for heading, part in split.items()]
+
+
+def build_report(runs: Sequence[Run], out_dir: str | os.PathLike, steps: Sequence[int] | None = None,
+                 window: int = 1) -> Path:
+    """:func:`report_parts` and ``out_dir/index.html`` showing them.
+
+    steps: training steps of the heatmaps and NTK panels (nearest records); default midpoint and end of
+        training. window: episodes averaged (trailing) before learning curves are interpolated.
+    Returns the path of ``index.html``.
+    """
+    parts = report_parts(runs, out_dir, steps, window)
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in runs])
+    n, k = len(runs), len(parts)
+    notes = [f"{n} run log{'s' * (n != 1)} under {root}, in {k} part{'s' * (k != 1)} by algorithm and environment."]
+    return write_index(Path(out_dir), "Run report", parts=parts, notes=notes)

@@ -186,9 +186,8 @@ def partition(runs: Iterable[Run]) -> dict[str, list[Run]]:
     parts: dict[str, list[Run]] = {}
     for run in runs:
         c = run.config
-        learner = str(c.get("algo") or c.get("command") or "runs")
-        name = learner.upper() if "algo" in c else learner
-        parts.setdefault(f"{name} on {c['env']}" if c.get("env") else name, []).append(run)
+        learner = str(c.get("algo") or c.get("command") or "runs")  # streaming learners: algo is the command
+        parts.setdefault(f"{learner.upper()} on {c['env']}" if c.get("env") else learner, []).append(run)
     return parts
 
 
@@ -282,10 +281,11 @@ def probe_series(runs: Sequence[Run], probe: str, field: str) -> Series | None:
 
 def layer_names(run: Run, probe: str, key: str, n: int) -> list[str]:
     """The `n` layer names stored in ``probe_settings[probe][key]`` (e.g. sparsity ``layers``, weights
-    ``elephant_layers``), or ``layer 0 .. n-1`` if they are missing or do not match."""
+    ``elephant_layers``), or ``layer 0 .. n-1`` if they are missing or do not match. Module paths that are bare
+    indices (``"1"``, a ``Sequential``'s child) read ``module 1``, so a legend never shows a lone number."""
     names = run.attrs.get("probe_settings", {}).get(probe, {}).get(key)
     if isinstance(names, list) and len(names) == n:
-        return [str(name) for name in names]
+        return [f"module {name}" if str(name).isdigit() else str(name) for name in names]
     return [f"layer {i}" for i in range(n)]
 
 

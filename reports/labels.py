@@ -26,5 +26,6 @@ def scalar_label(name: str, config: Mapping) -> str:
 
 
 def step_label(config: Mapping) -> str:
-    """The x-axis label: env steps (RL agents) or samples seen (streaming learners)."""
-    return "env steps" if "algo" in config else "samples seen"
+    """The x-axis label: env steps (RL agents, whose configs name an ``env``) or samples seen (streaming
+    learners)."""
+    return "env steps" if "env" in config else "samples seen"

@@ -363,3 +363,26 @@ def test_an_unwritable_run_directory_is_an_exit_2_message(tmp_path, capsys, monk
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     err = _error(capsys, ["dqn", "--env", "CartPole-v1", "--steps", "100", "--out", str(tmp_path)])
     assert "cannot write in the run directory" in err and "Read-only file system" in err
+
+
+def test_sb3_logger_outputs_on_request(tmp_path):
+    """--sb3-log csv: SB3's own progress.csv beside the run log, with its standard keys; unknown formats and a
+    missing TensorBoard are clear errors."""
+    import csv
+    import importlib.util
+
+    from agents.commands import ConfigError, get_command
+    from agents.rl.run import train
+
+    cmd = get_command("ppo")
+    config = cmd.make_config({"env": "CartPole-v1", "steps": 512, "hidden": "16", "sb3_log": "csv", "progress": False,
+                              "checkpoint_every": 0})
+    run_dir = cmd.run_dir(config, tmp_path)
+    train(config, run_dir)
+    rows = list(csv.DictReader((run_dir / "sb3" / "progress.csv").open()))
+    assert len(rows) == 2 and {"rollout/ep_rew_mean", "time/total_timesteps"} <= set(rows[0])
+    with pytest.raises(ConfigError, match="unknown: tensorbored"):
+        cmd.make_config({"sb3_log": "csv,tensorbored"})
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(ConfigError, match=r"pip install -e '\.\[tensorboard\]'"):
+            cmd.make_config({"sb3_log": "tensorboard"})

@@ -54,7 +54,8 @@ def test_reference_copy_matches_paper_table():
     """The project's copy of the paper's numbers agrees with the mechanical transcription, when it is present."""
     shared = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paper_tables.json"
     if not shared.exists():
-        pytest.skip("shared/reference is not beside this checkout")
+        pytest.skip("optional cross-check: the maintainers' transcription of the paper's tables "
+                    "(../shared/reference/paper_tables.json) is not beside this checkout")
     rows = json.loads(shared.read_text())["tb:activation"][1:]
     frac = lambda s: eval(s, {})  # "1/2" -> 0.5
     assert {r[0]: (frac(r[1]), frac(r[2])) for r in rows} == TABLE

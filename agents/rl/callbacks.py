@@ -22,6 +22,24 @@ from agents.signals import STOP_SIGNALS, handling
 
 __all__ = ["RunCallback", "stop_on_signals", "final_return"]
 
+#: seconds of training before a long run says how long it will take
+ESTIMATE_AFTER_S = 30.0
+#: runs expected to take at least this long (seconds) say so
+LONG_S = 600.0
+#: progress lines per run when there is no progress bar (output redirected to a file)
+LINES = 10
+
+
+def _duration(seconds: float) -> str:
+    """``2 h 05 min``, ``7 min``, ``40 s``."""
+    if not math.isfinite(seconds):
+        return "an unknown time"
+    minutes = round(seconds / 60)
+    if minutes >= 60:
+        return f"{minutes // 60} h {minutes % 60:02d} min"
+    return f"{minutes} min" if minutes else f"{seconds:.0f} s"
+
+
 def final_return(returns: list[float], fraction: float = 0.1) -> float:
     """Mean over the last ``ceil(fraction * n)`` episodes (at least one); NaN without episodes."""
     if not returns:
@@ -36,6 +54,8 @@ class RunCallback(BaseCallback):
     Args:
         total: the run's env steps (for the bar).
         progress: show a tqdm bar on stderr.
+        lines: without a bar, print a progress line per tenth of the run and, for a long run, its expected
+            duration after :data:`ESTIMATE_AFTER_S` s (False in grid workers, whose output is the grid's).
         desc: the bar's label.
         resume: :meth:`state` from a checkpoint: the episodes and wall time so far.
 
@@ -45,10 +65,11 @@ class RunCallback(BaseCallback):
     signal number is ``stop_signal``) or ``"nan"`` (a non-finite loss; ``stop_message`` says which).
     """
 
-    def __init__(self, total: int, *, progress: bool = True, desc: str = "",
+    def __init__(self, total: int, *, progress: bool = True, lines: bool = False, desc: str = "",
                  resume: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.total, self.progress, self.desc = int(total), progress, desc
+        self.lines = lines and not progress
         resume = resume or {}
         self.returns: list[float] = list(resume.get("returns", []))
         self.lengths: list[int] = list(resume.get("lengths", []))
@@ -63,11 +84,17 @@ class RunCallback(BaseCallback):
         self._t0 = 0.0
         self._shown = 0
         self._last_postfix = 0.0
+        self._start = 0  # the step training (re)started at
+        self._estimated = False
+        self._next_line = 0  # without a bar: the step of the next progress line
+        self._mark = (0, 0.0)  # (step, time) of the last progress line
 
     # -- SB3 hooks -------------------------------------------------------------------------------------------
     def _on_training_start(self) -> None:
         self._t0 = time.perf_counter()
-        self._shown = self.num_timesteps
+        self._shown = self._start = self.num_timesteps
+        self._next_line = self._after(self.num_timesteps)
+        self._mark = (self.num_timesteps, self._t0)
         self.bar = tqdm(total=self.total, initial=self.num_timesteps, unit="step", desc=self.desc,
                         disable=not self.progress, dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
 
@@ -87,6 +114,7 @@ class RunCallback(BaseCallback):
                 recent = self.returns[-10:]
                 self.bar.set_postfix(episodes=len(self.returns), ret=f"{sum(recent) / len(recent):.1f}",
                                      refresh=False)
+        self._pace(step)
         if self._check_nonfinite(step):
             return False
         if self.stop_requested and not self.defer_stop:
@@ -107,6 +135,34 @@ class RunCallback(BaseCallback):
                 "wall_seconds": self._wall_before + time.perf_counter() - self._t0}
 
     # -- helpers ---------------------------------------------------------------------------------------------
+    def _after(self, step: int) -> int:
+        tenth = max(1, self.total // LINES)
+        return (step // tenth + 1) * tenth
+
+    def _pace(self, step: int) -> None:
+        """Once, after :data:`ESTIMATE_AFTER_S` s of training, the run's expected duration (if it is long); without
+        a progress bar, a line per tenth of the run."""
+        if self._estimated and (not self.lines or step < self._next_line):
+            return
+        elapsed = time.perf_counter() - self._t0
+        rate = (step - self._start) / elapsed if elapsed > 0 else 0.0
+        if not self._estimated and elapsed >= ESTIMATE_AFTER_S:
+            self._estimated = True
+            total = self.total / rate if rate > 0 else math.inf
+            if total >= LONG_S and (self.progress or self.lines):
+                end = time.strftime("%a %H:%M", time.localtime(time.time() + (self.total - step) / rate))
+                print(f"{self.desc}: {rate:,.0f} steps/s here, so the run takes about {_duration(total)} in all "
+                      f"(done around {end})", file=sys.stderr, flush=True)
+        if self.lines and self._next_line <= step < self.total:
+            self._next_line = self._after(step)
+            now, (last_step, last_time) = time.perf_counter(), self._mark
+            if now > last_time and step > last_step:  # the recent pace (after learning_starts, say)
+                rate = (step - last_step) / (now - last_time)
+            self._mark = (step, now)
+            left = f", about {_duration((self.total - step) / rate)} left" if rate > 0 else ""
+            print(f"{self.desc}: step {step:,} of {self.total:,} ({100 * step / self.total:.0f}%), "
+                  f"{rate:,.0f} steps/s{left}", file=sys.stderr, flush=True)
+
     def _check_nonfinite(self, step: int) -> bool:
         bad = getattr(self.model, "nonfinite_loss", None)
         key = "train/loss" if bad is not None else None

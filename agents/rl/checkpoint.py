@@ -47,7 +47,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import recursive_getattr
 from torch import Tensor, nn
 
-from agents.commands import ConfigError, RunWriteError
+from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError
 from probes.failpoints import kill_point
 from probes.provenance import provenance
 from probes.sb3 import ProbeCallback
@@ -61,8 +61,6 @@ __all__ = ["CHECKPOINT", "CheckpointError", "CheckpointWriteError", "Checkpointe
 CHECKPOINT = "checkpoint.pkl"
 FORMAT = "interference-checkpoint"
 VERSION = 1
-#: config keys a resume may change: they do not change what is computed
-RESUMABLE_CHANGES = ("progress", "checkpoint_every", "torch_threads")
 
 
 class CheckpointError(ConfigError):
@@ -243,7 +241,7 @@ def read_checkpoint(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] 
 
 
 def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
+    return {k: v for k, v in config.items() if k not in OUTPUT_KEYS}  # a resume may change these
 
 
 def restore_model(state: Mapping[str, Any], config: Mapping[str, Any]) -> BaseAlgorithm:

@@ -108,6 +108,22 @@ def names(value: Any) -> list[str]:
     return list(dict.fromkeys(value))
 
 
+#: SB3 logger output formats (``stable_baselines3.common.logger.configure``)
+SB3_FORMATS = ("stdout", "csv", "tensorboard", "json", "log")
+
+
+def sb3_formats(value: Any) -> list[str]:
+    formats = names(value)
+    if unknown := [f for f in formats if f not in SB3_FORMATS]:
+        raise ValueError(f"SB3 logger formats from {', '.join(SB3_FORMATS)} (unknown: {', '.join(unknown)})")
+    if "tensorboard" in formats:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ValueError("formats whose package is installed (tensorboard needs pip install -e '.[tensorboard]')")
+    return formats
+
+
 def device(value: Any) -> str:
     value = str(value)
     if value == "auto":

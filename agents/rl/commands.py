@@ -119,6 +119,9 @@ class RLCommand:
                        help="env steps between probe records (default: a tenth of the run)")
         g.add_argument("--checkpoint-every", dest="checkpoint_every", type=_int, default=S, metavar="N",
                        help="env steps between checkpoints for --resume (default: a tenth of the run; 0: none)")
+        g.add_argument("--sb3-log", dest="sb3_log", default=S, metavar="FORMATS",
+                       help="also write SB3's own logger outputs to RUN_DIR/sb3, e.g. csv or csv,tensorboard (for "
+                            "TensorBoard and other tools that read SB3 logs; tensorboard needs .[tensorboard])")
 
     def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return resolve(self.name, {k: v for k, v in values.items() if v is not None})

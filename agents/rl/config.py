@@ -56,8 +56,8 @@ def act_args() -> tuple[str, ...]:
 
 #: keys that do not change what is trained: left out of the run directory name
 ACTIVATION_KEYS = ("act_kwargs", "sigma_bias", "layer_norm")  # settings that belong to one activation
-RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "checkpoint_every", "torch_threads", "probe",
-                "probe_every", "probe_kwargs", "probe_inputs", "derived")
+RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "checkpoint_every", "sb3_log", "torch_threads",
+                "probe", "probe_every", "probe_kwargs", "probe_inputs", "derived")
 
 
 def algo_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -312,7 +312,7 @@ _ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm"
           "features_dim", "n_timesteps", "learning_rate", "lr_schedule", "optimizer", "optimizer_kwargs")
 _TAIL = ("n_envs", "max_episode_steps", "env_kwargs", "frame_stack", "atari_wrapper_kwargs", "policy_kwargs",
          "probe", "probe_every", "probe_kwargs", "probe_inputs", "device", "torch_threads", "progress",
-         "checkpoint_every", "derived")
+         "checkpoint_every", "sb3_log", "derived")
 
 
 def _ordered(algo: str, config: Mapping[str, Any]) -> dict[str, Any]:

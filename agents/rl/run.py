@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CallbackList
-from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.logger import Logger, configure
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
-from agents.commands import RunWriteError
+from agents.commands import OUTPUT_KEYS, RunWriteError
 from interference.nets import count_parameters
 from probes import make_probe
 from probes.runlog import RunLogWriteError
@@ -160,6 +162,29 @@ def checkpoint_every(config: Mapping[str, Any]) -> int:
     return max(1, config["n_timesteps"] // 10) if every is None else int(every)
 
 
+def _bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return ""
+
+
+def _plan(config: Mapping[str, Any], model: BaseAlgorithm) -> str:
+    """What the run will do and hold: env steps to go and the replay buffer's memory when full (with a warning
+    when it would not fit in this machine's memory); the duration follows after the first 30 s of training."""
+    steps, done = config["n_timesteps"], int(model.num_timesteps)
+    text = f"{steps:,} env steps" + (f" ({steps - done:,} to go)" if done else "")
+    buffer = getattr(model, "replay_buffer", None)
+    if buffer is not None:
+        size = sum(v.nbytes for v in vars(buffer).values() if isinstance(v, np.ndarray))
+        text += f"; replay buffer of {buffer.buffer_size:,} transitions, {_bytes(size)} when full"
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if size > 0.8 * memory:
+            text += f" (WARNING: this machine has {_bytes(memory)} of memory; lower buffer_size)"
+    return text
+
+
 def _summary(status: str, model: BaseAlgorithm, algo: str, run_cb: RunCallback, run_dir: Path,
              checkpointer: Checkpointer | None) -> dict[str, Any]:
     """The run's ``summary.json``."""
@@ -202,11 +227,12 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     if threads is not None:
         torch.set_num_threads(threads)
 
+    import multiprocessing
+
+    alone = multiprocessing.parent_process() is None  # not a grid worker, whose output is the grid's
     progress = config.get("progress")
     if progress is None:
-        import multiprocessing
-
-        progress = sys.stderr.isatty() and multiprocessing.parent_process() is None
+        progress = sys.stderr.isatty() and alone
     starts = config.get("learning_starts")
     if starts is not None and config["n_timesteps"] <= starts and state is None:
         print(f"note: learning_starts={starts} >= steps={config['n_timesteps']}: no gradient update will run",
@@ -217,21 +243,29 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
         if every:
             try:
                 check_picklable(env, config["env"])
-            except CheckpointError as err:
+            except CheckpointError:
                 if config.get("checkpoint_every") is not None:
                     raise
-                print(f"note: no checkpoints (--resume will start this run afresh): {err}", file=sys.stderr)
+                print(f"note: {config['env']} runs without checkpoints (its environment does not pickle); --resume "
+                      "would start it afresh", file=sys.stderr)
                 every = 0
         model = build_model(config, env)
     else:
         model = restore_model(state, config)
         env = model.get_env()
+    sb3_log = config.get("sb3_log") or []
+    if sb3_log:  # SB3's own outputs (CSV, TensorBoard, ...), dumped by learn every episode / rollout
+        model.set_logger(configure(str(run_dir / "sb3"), sb3_log))
     probes = [make_probe(name, every=config["probe_every"], **config["probe_kwargs"].get(name, {}))
               for name in config["probe"]]
-    log_config = {k: v for k, v in config.items() if k not in ("progress", "checkpoint_every")}
+    # the log's config: what the run computes (torch_threads stays, as in logs written before OUTPUT_KEYS)
+    log_config = {k: v for k, v in config.items() if k == "torch_threads" or k not in OUTPUT_KEYS}
     steps = config["n_timesteps"]
-    run_cb = RunCallback(steps, progress=progress, resume=None if state is None else state["run"],
-                         desc=f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}")
+    desc = f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}"
+    if alone:
+        print(f"{desc}: {_plan(config, model)}", file=sys.stderr, flush=True)
+    run_cb = RunCallback(steps, progress=progress, lines=alone, resume=None if state is None else state["run"],
+                         desc=desc)
     probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
                              n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
                              end_status=lambda: run_cb.stop_reason or "finished",
@@ -245,8 +279,8 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     with stop_on_signals(run_cb):
         ended: bool | str = False  # whether the run ended in a way run_end can say (finished, interrupted, diverged)
         try:
-            model.learn(steps - model.num_timesteps, callback=CallbackList(callbacks), log_interval=None,
-                        reset_num_timesteps=state is None)
+            model.learn(steps - model.num_timesteps, callback=CallbackList(callbacks),
+                        log_interval=1 if sb3_log else None, reset_num_timesteps=state is None)
             ended = True
         except (RunLogWriteError, RunWriteError):
             ended = "write_error"

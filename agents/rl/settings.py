@@ -68,6 +68,8 @@ class Common:
     progress: bool | None = _s(c.boolean(True), "progress bar; null: when stderr is a terminal")
     checkpoint_every: int | None = _s(c.integer(0, optional=True),
                                       "env steps between checkpoints for --resume; null: a tenth of the run; 0: none")
+    sb3_log: list = _s(c.sb3_formats, "also write SB3's standard logger outputs to RUN_DIR/sb3 (csv, tensorboard, "
+                                      "json, log, stdout), e.g. [csv, tensorboard]")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -224,7 +225,8 @@ class Edit:
     def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
         cfg = _stream_config(config)
         edit_keys = {f.name for f in fields(EditConfig)} - {"stream"}
-        result = edit(EditConfig(cfg, **{k: config[k] for k in edit_keys}))
+        result = edit(EditConfig(cfg, **{k: config[k] for k in edit_keys}),
+                      say=lambda line: print(f"edit {config['act']}: {line}", file=sys.stderr, flush=True))
         n_grid = len(result.x)
         schema = {"edit": {"x": Field((n_grid,)), "before": Field((n_grid,)), "after": Field((n_grid,)),
                            "far_change": Field(()), "steps": Field((), "int64"), "pretrain_mse": Field(())}}

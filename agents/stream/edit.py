@@ -10,6 +10,7 @@ closes about the same fraction of the gap per step, whatever its activation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,19 +48,26 @@ class EditResult:
     far_change: np.ndarray  # (S,) mean |after - before| over |x - x_edit| > far
 
 
-def edit(cfg: EditConfig) -> EditResult:
-    """Fit, edit and measure every seed of ``cfg.stream.seeds``."""
+def edit(cfg: EditConfig, say: Callable[[str], None] | None = None) -> EditResult:
+    """Fit, edit and measure every seed of ``cfg.stream.seeds``; ``say`` gets a line at each stage (the
+    pre-training takes most of the time)."""
     s = cfg.stream
+    say = say or (lambda line: None)
     ens = Ensemble([build_net(s, seed) for seed in s.seeds])
     x, y = sine_stream(s.n)
     opt = torch.optim.Adam(ens.parameters(), lr=cfg.pretrain_lr)
-    for _ in range(cfg.pretrain_steps):
+    say(f"pre-training {len(s.seeds)} {s.act} networks on sin(pi x) (full batch, at most {cfg.pretrain_steps:,} "
+        f"Adam steps, until every MSE < {cfg.pretrain_tol:g})")
+    for step in range(cfg.pretrain_steps):
         opt.zero_grad(set_to_none=True)
         mse = (ens.forward(x)[0] - y).pow(2).mean(dim=(1, 2))
         if mse.max() < cfg.pretrain_tol:
             break
+        if step and step % 5000 == 0:
+            say(f"  step {step:,}: worst MSE {mse.max().item():.3g}")
         mse.sum().backward()
         opt.step()
+    say(f"pre-trained (worst MSE {mse.max().item():.3g}); editing f({cfg.x_edit:g}) to {cfg.target:g}")
     grid = torch.linspace(0.0, 2.0, cfg.n_grid)[:, None]
     with torch.no_grad():
         before = ens.forward(grid)[0][..., 0]

@@ -71,7 +71,9 @@ def mse_curves(runs_by_label: Mapping[str, Sequence[Run]]) -> Figure | None:
               if (c := run_data.learning_curve(runs, "test_mse", num=max(_stream_length(runs), 2))) is not None}
     if not curves:
         return None
-    fig = figures.mean_curves({"test MSE": curves}, title="Test MSE during the stream")
+    colors = figures.group_colors({label: runs[0].config.get("act") for label, runs in runs_by_label.items()
+                                   if label in curves})
+    fig = figures.mean_curves({"test MSE": curves}, title="Test MSE during the stream", colors=colors)
     ax = fig.axes[0]
     ax.set_yscale("log")
     ax.set_xlabel("samples seen")
@@ -116,7 +118,7 @@ def edit_figure(edit_runs: Iterable[Run]) -> Figure:
     means = np.array([r.mean_far_change for r in table.rows])
     sems = np.nan_to_num(np.array([r.sem_far_change for r in table.rows]))
     pos = np.arange(len(names))
-    ax.bar(pos, means, yerr=sems, color=[f"C{i % 10}" for i in range(len(names))], alpha=0.6, capsize=4)
+    ax.bar(pos, means, yerr=sems, color=[figures.activation_color(r.act) for r in table.rows], alpha=0.6, capsize=4)
     for i, recs in enumerate(records.values()):
         ax.plot(np.full(len(recs), float(i)), [r.far_change for r in recs], "o", color="k", ms=3)
     ax.set_xticks(pos, names, fontsize=8)
