@@ -260,7 +260,11 @@ class ProbeCallback(BaseCallback):
         if stored < self.n_inputs:
             return None
         idx = np.sort(self.rng.choice(stored, size=self.n_inputs, replace=False))
-        return torch.as_tensor(obs[idx], device=self.model.device)
+        picked = obs[idx]
+        normalize = self.model._vec_normalize_env
+        if normalize is not None and not isinstance(self.model, OnPolicyAlgorithm):
+            picked = normalize.normalize_obs(picked)  # a replay buffer keeps raw observations; the network sees these
+        return torch.as_tensor(picked, device=self.model.device)
 
     # -- per step ----------------------------------------------------------------------------------------
     def _on_step(self) -> bool:

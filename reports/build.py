@@ -142,6 +142,17 @@ def _widths(config: Mapping) -> str:
     return f"{text} (matched)" if config.get("match_width") and config.get("act") != "elephant" else text
 
 
+def _ranges(seeds: Sequence[int]) -> str:
+    """``0–4, 7, 9–11``: sorted seeds with consecutive runs joined."""
+    out: list[list[int]] = []
+    for seed in sorted(set(seeds)):
+        if out and out[-1][1] == seed - 1:
+            out[-1][1] = seed
+        else:
+            out.append([seed, seed])
+    return ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}–{b}" for a, b in out)
+
+
 def runs_of(groups: Mapping[str, list[Run]]) -> list[Run]:
     return [r for g in groups.values() for r in g]
 
@@ -159,7 +170,7 @@ def run_tables(groups: Mapping[str, list[Run]], settings: Mapping[str, str] | No
         sem = finals.std(ddof=1) / np.sqrt(len(finals)) if len(finals) > 1 else math.nan
         mean = finals.mean() if len(finals) else math.nan
         ret = f"{_fmt(mean)} ± {_fmt(sem)} (n={len(finals)})" if len(finals) > 1 else _fmt(mean)
-        summary.append([label, settings.get(label, ""), _widths(runs[0].config), ", ".join(str(r.seed) for r in runs),
+        summary.append([label, settings.get(label, ""), _widths(runs[0].config), _ranges([r.seed for r in runs]),
                         ret])
     rows = [[os.path.relpath(r.path, root) if root else r.path, label, str(r.seed), data.run_end(r) or "unfinished",
              str(data.training_length(r)), _fmt(_final(r)), _commit(r)]

@@ -24,6 +24,10 @@ footer { color: #555; font-size: 0.85em; border-top: 1px solid #ccc; margin-top:
 """
 
 
+#: tables of more rows are folded (``<details>``)
+FOLD_ROWS = 30
+
+
 @dataclass(frozen=True)
 class Table:
     """A table: `heading`, column names, and rows of cell texts (escaped when written)."""
@@ -37,7 +41,11 @@ def _table(table: Table, level: int = 2) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>\n"
                    for row in table.rows)
-    return f"<h{level}>{html.escape(table.heading)}</h{level}>\n<table>\n<tr>{head}</tr>\n{body}</table>\n"
+    heading = f"<h{level}>{html.escape(table.heading)}</h{level}>\n"
+    if len(table.rows) > FOLD_ROWS:  # a study's hundreds of runs: folded, one click away
+        return (f"{heading}<details><summary>{len(table.rows)} rows</summary>\n<table>\n<tr>{head}</tr>\n{body}"
+                "</table></details>\n")
+    return f"{heading}<table>\n<tr>{head}</tr>\n{body}</table>\n"
 
 
 def _figure(caption: str, src: str) -> str:

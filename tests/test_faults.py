@@ -189,23 +189,29 @@ def test_reports_skip_a_corrupt_log_instead_of_hanging(tmp_path, capsys):
     assert "skipping" in capsys.readouterr().err
 
 
+def _dqn_with_file_limit(out: Path, limit_bytes: int, *flags: str) -> subprocess.CompletedProcess:
+    """A small DQN run in a child whose files may not grow past ``limit_bytes`` (RLIMIT_FSIZE, SIGXFSZ ignored: the
+    kernel refuses the write with EFBIG, inside HDF5's or pickle's own C code)."""
+    import resource
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
+                           "--hidden", "16", "--set", "learning_starts=50", "--no-progress", "--out", str(out), *flags],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+
+
 def test_a_write_error_in_hdf5_stops_the_run_visibly(tmp_path):
     """RLIMIT_FSIZE in the child makes the kernel refuse HDF5's own C writes past 300 kB (EFBIG, with SIGXFSZ
     ignored): the run stops with exit status 4 and a message, and the log reads back only complete records."""
-    import resource
-
     import numpy as np
 
     from agents.train import EXIT_IO
 
-    def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
-
-    proc = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
-                           "--hidden", "16", "--set", "learning_starts=50", "--steps", "20000", "--probe",
-                           "gradcov,weights", "--probe-every", "20", "--no-progress", "--out", str(tmp_path)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    proc = _dqn_with_file_limit(tmp_path, 300_000, "--steps", "20000", "--probe", "gradcov,weights", "--probe-every",
+                                "20")
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]  # (h5py prints its own reports of freed objects before it)
     assert "cannot write the run log" in last and "File too large" in last
@@ -286,18 +292,10 @@ def test_a_crashed_run_leaves_no_run_end(tmp_path, monkeypatch):
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_visibly(tmp_path):
     """A file size limit the log fits under but a checkpoint (the replay buffer) does not: exit status 4 with a
     message naming the checkpoint; no torn temporary file is left and the log stays readable."""
-    import resource
-
     from agents.train import EXIT_IO
 
-    def limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
-
-    proc = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
-                           "--hidden", "16", "--set", "learning_starts=50", "--steps", "3000", "--set",
-                           "buffer_size=50000", "--checkpoint-every", "500", "--no-progress", "--out", str(tmp_path)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    proc = _dqn_with_file_limit(tmp_path, 400_000, "--steps", "3000", "--set", "buffer_size=50000",
+                                "--checkpoint-every", "500")
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "cannot write the checkpoint" in last and "File too large" in last

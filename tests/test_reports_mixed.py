@@ -6,6 +6,7 @@ and colour maps that fit the values.
 
 from __future__ import annotations
 
+import re
 import warnings
 from html.parser import HTMLParser
 from pathlib import Path
@@ -129,3 +130,18 @@ def test_runs_are_split_by_algorithm_and_env_and_streaming_runs_by_command(mixed
     runs = [read_run(p) for p in sorted(mixed.rglob("run.h5"))]
     assert {k: len(v) for k, v in partition(runs).items()} == {
         "DQN on CartPole-v1": 3, "PPO on CartPole-v1": 3, "PPO on Pendulum-v1": 3, "SAC on Pendulum-v1": 3}
+
+
+def test_the_showcase_page_has_real_captions_links_and_the_citation(tmp_path):
+    from agents.showcase import run
+
+    index = run(tmp_path / "showcase", "0")
+    page = _Page()
+    page.feed(index.read_text())
+    assert {"stream/index.html", "probes/index.html"} <= set(page.links)
+    assert all((tmp_path / "showcase" / link).exists() for link in page.links if not link.startswith("#"))
+    captions = re.findall(r"<figcaption>([^<]*)</figcaption>", index.read_text())
+    stems = {Path(src).stem.replace("_", " ") for src in page.images}
+    assert captions and not stems & set(captions)  # captions say what a figure shows, not its file name
+    assert all((tmp_path / "showcase" / src).exists() for src in page.images)
+    assert "the README quotes 5 seeds" in index.read_text() and "Vasan" in index.read_text()

@@ -247,3 +247,22 @@ def test_the_grid_resumes_killed_runs(tmp_path, batches):
     reference, _ = batches("dqn")
     grid_run = tmp_path / "runs" / reference.relative_to(reference.parents[4])
     assert grid_run.name == "seed0" and differences(reference, grid_run) == []
+
+
+def test_normalisation_statistics_resume_exactly(tmp_path):
+    """SAC with observations normalised by running statistics (VecNormalize, the authors' MuJoCo set-up): the
+    statistics travel in the checkpoint (with the env), so a killed and resumed run equals an uninterrupted one;
+    the fixed probe inputs are normalised as the network sees them."""
+    args = ["sac", "--env", "Pendulum-v1", "--hidden", "16", "--steps", "600", "--set", "learning_starts=100",
+            "--set", "normalize_obs=true", "--probe", "gradcov,ntk", "--probe-every", "150", "--checkpoint-every",
+            "200", "--no-progress"]
+    ref = _run([sys.executable, "-m", "agents.train", *args, "--out", str(tmp_path / "ref")])
+    assert ref.returncode == 0, ref.stderr
+    killed = _run([sys.executable, "-m", "agents.train", *args, "--out", str(tmp_path / "run")],
+                  "checkpoint.after_rename:2")
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run([sys.executable, "-m", "agents.train", *args, "--out", str(tmp_path / "run"), "--resume"])
+    assert resumed.returncode == 0 and "resuming at step 400" in resumed.stderr, resumed.stderr
+    assert differences(_run_dir(tmp_path / "ref"), _run_dir(tmp_path / "run")) == []
+    inputs = read_run(_run_dir(tmp_path / "ref") / "run.h5").probes["inputs"]["x"][0]
+    assert np.abs(inputs.mean(axis=0)).max() < 1.5  # normalised, not Pendulum's raw angular velocity (up to 8)

@@ -6,8 +6,8 @@ A checkpoint (``RUN_DIR/checkpoint.pkl``, one pickle) holds everything that deci
   exploration and learning-rate schedules, the last observation and episode starts, the episode-info buffer);
 * the gradients left by the last update (``.grad``; probes read them);
 * the replay buffer (off-policy; PPO's rollout buffer is refilled at every rollout and is not needed);
-* the environment, pickled whole: each env's state and ``np_random``, time limits, monitors, and any
-  observation/reward normalisation statistics (``VecNormalize``) or frame stacks;
+* the environment, pickled whole: each env's state and ``np_random``, time limits, monitors, frame stacks, and
+  ``VecNormalize``'s observation/reward statistics and running returns;
 * the RNG states: torch (CPU and CUDA), numpy's and Python's global generators, the action and observation
   spaces' generators;
 * the run log's state: record counts per series, each probe's cadence, the probe RNG and fixed probe inputs, the
@@ -45,6 +45,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import recursive_getattr
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 from torch import Tensor, nn
 
 from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError
@@ -104,13 +105,41 @@ def _set_gradients(model: BaseAlgorithm, grads: Mapping[str, Tensor]) -> None:
         recursive_getattr(model, name).grad = grad.to(model.device)
 
 
+def _env_state(env: VecEnv) -> dict[str, Any]:
+    """The env for a checkpoint. ``VecNormalize`` pickles without its inner env and its running returns (SB3 expects
+    ``VecNormalize.load(path, venv)``), so those are kept beside it."""
+    if isinstance(env, VecNormalize):
+        return {"normalize": env, "venv": env.venv, "returns": env.returns.copy()}
+    return {"env": env}
+
+
+def _restore_env(state: Mapping[str, Any]) -> VecEnv:
+    if "env" in state:
+        return state["env"]
+    env = state["normalize"]
+    env.set_venv(state["venv"])
+    env.returns = state["returns"]  # set_venv zeroes the discounted returns the reward scale is updated with
+    return env
+
+
 def check_picklable(env: Any, env_id: str) -> None:
     """CheckpointError (with what to do) if checkpoints cannot hold ``env``."""
+    if isinstance(env, VecEnvWrapper) and not isinstance(env, VecNormalize) and \
+            any(isinstance(e, VecNormalize) for e in _chain(env)):
+        raise CheckpointError(f"{env_id}: checkpoints save a VecNormalize only as the outermost env wrapper; run it "
+                              "with --checkpoint-every 0")
     try:
-        cloudpickle.dumps(env)
+        cloudpickle.dumps(_env_state(env))
     except Exception as err:  # noqa: BLE001 - any pickling failure means the same thing here
         raise CheckpointError(f"{env_id}: checkpoints cannot save this environment ({type(err).__name__}: {err}); "
                               "run it with --checkpoint-every 0 (no checkpoints; --resume starts it afresh)") from None
+
+
+def _chain(env: VecEnv) -> list[VecEnv]:
+    out = [env]
+    while isinstance(out[-1], VecEnvWrapper):
+        out.append(out[-1].venv)
+    return out
 
 
 class _KillableFile(io.RawIOBase):
@@ -196,7 +225,7 @@ class Checkpointer(BaseCallback):
             "config": self.config, "provenance": provenance(),
             "model": buffer.getvalue(),
             "replay_buffer": model.replay_buffer if isinstance(model, OffPolicyAlgorithm) else None,
-            "env": model.env,
+            "env": _env_state(model.env),
             "rng": _rng_states(model),
             "gradients": _gradients(model),
             "run": self.run_cb.state(),
@@ -247,8 +276,8 @@ def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
 def restore_model(state: Mapping[str, Any], config: Mapping[str, Any]) -> BaseAlgorithm:
     """The model of a checkpoint with its env and replay buffer (global RNGs are restored by the
     :class:`Checkpointer` at the first rollout start)."""
-    model = ALGOS[config["algo"]].model.load(io.BytesIO(state["model"]), env=state["env"], device=config["device"],
-                                             force_reset=False)
+    model = ALGOS[config["algo"]].model.load(io.BytesIO(state["model"]), env=_restore_env(state["env"]),
+                                             device=config["device"], force_reset=False)
     model.set_logger(Logger(folder=None, output_formats=[]))
     if state["replay_buffer"] is not None:
         model.replay_buffer = state["replay_buffer"]

@@ -23,7 +23,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.logger import Logger, configure
 from stable_baselines3.common.utils import LinearSchedule
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from agents.commands import OUTPUT_KEYS, RunWriteError
 from interference.nets import count_parameters
@@ -45,10 +45,15 @@ RUN_FILES = ("run.h5", "model.zip", "summary.json", CHECKPOINT)
 
 
 def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
-    """The training ``VecEnv`` of a resolved config."""
-    return make_env(config["env"], n_envs=config.get("n_envs", 1), seed=config["seed"] if seed is None else seed,
-                    env_kwargs=config.get("env_kwargs"), max_episode_steps=config.get("max_episode_steps"),
-                    frame_stack=config.get("frame_stack", 4), atari_wrapper_kwargs=config.get("atari_wrapper_kwargs"))
+    """The training ``VecEnv`` of a resolved config (wrapped in SB3's ``VecNormalize`` when it normalises
+    observations or rewards; its statistics travel with the env into checkpoints)."""
+    env = make_env(config["env"], n_envs=config.get("n_envs", 1), seed=config["seed"] if seed is None else seed,
+                   env_kwargs=config.get("env_kwargs"), max_episode_steps=config.get("max_episode_steps"),
+                   frame_stack=config.get("frame_stack", 4), atari_wrapper_kwargs=config.get("atari_wrapper_kwargs"))
+    obs, reward = bool(config.get("normalize_obs")), bool(config.get("normalize_reward"))
+    if obs or reward:
+        env = VecNormalize(env, norm_obs=obs, norm_reward=reward, gamma=config.get("gamma", 0.99))
+    return env
 
 
 def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:

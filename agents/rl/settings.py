@@ -60,6 +60,10 @@ class Common:
     frame_stack: int = _s(c.integer(1), "frames stacked (image observations)")
     atari_wrapper_kwargs: dict = _s(c.mapping, "arguments of SB3's AtariWrapper")
     policy_kwargs: dict = _s(c.mapping, "further arguments of the policy class")
+    normalize_obs: bool = _s(c.boolean(), "normalise observations by running mean and std (SB3's VecNormalize; the "
+                                          "authors' PPO and SAC on MuJoCo)")
+    normalize_reward: bool = _s(c.boolean(), "scale rewards by the running std of the discounted return (VecNormalize; "
+                                             "the authors' PPO on MuJoCo)")
     probe: list = _s(c.names, "probes to run")
     probe_every: int | None = _s(c.integer(1, optional=True), "env steps between probe records; null: a tenth")
     probe_kwargs: dict = _s(c.mapping, "per-probe arguments {probe: {argument: value}}")
