@@ -28,6 +28,9 @@ __all__ = ["build_report", "report_parts", "run_tables", "SCALARS"]
 SCALARS = ("episode_return", "test_mse", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
 
 
+#: at most this many configurations are drawn side by side (one column each) in the gradient-covariance figure
+SIDE_BY_SIDE = 6
+
 #: commands of the streaming learners, whose paper figures come from :mod:`reports.stream`
 STREAM_COMMANDS = ("stream-sin", "edit")
 
@@ -84,9 +87,11 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
     for loss in losses:
         panels = {label: records for label, runs in groups.items()
                   if (records := data.select_records(runs[0], "gradcov", loss, steps))}
-        if panels:
-            w.add(section, f"{loss} loss: gradient covariance of one seed per configuration",
-                  f"gradcov_{slug(loss)}", plots.gradcov_heatmaps(panels, loss))
+        if panels:  # configurations side by side at matching steps (the paper's layout) while they fit a page
+            side = len(panels) <= SIDE_BY_SIDE
+            w.add(section, f"{loss} loss: gradient covariance of one seed per configuration"
+                  + (", side by side at the same steps" if side else ""),
+                  f"gradcov_{slug(loss)}", plots.gradcov_heatmaps(panels, loss, side_by_side=side))
         stats = {"mean off-diagonal C_ij": f"{loss}_offdiag_mean",
                  "fraction of negative C_ij": f"{loss}_negative_fraction"}
         curves = {ylabel: {label: s for label, runs in groups.items()
@@ -100,12 +105,16 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
                                     xlabel=step_label(runs_of(groups)[0].config)))
 
 
-def _ntk(w: _Writer, groups: Mapping[str, list[Run]], steps: Sequence[int] | None) -> None:
+def _ntk(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str], steps: Sequence[int] | None) -> None:
     matrices = {label: records for label, runs in groups.items() if data.ntk_kind(runs[0]) == "matrix"
                 and (records := data.select_records(runs[0], "ntk", "kernel", steps))}
     if matrices:
         w.add("NTK", "empirical NTK on the fixed probe inputs, one seed per configuration", "ntk",
               plots.ntk_matrices(matrices))
+    decay = {label: c for label, runs in groups.items() if (c := data.ntk_vs_distance(runs)) is not None}
+    if decay:
+        w.add("NTK", "normalised NTK against the distance between probe inputs at the last record: how local an "
+              "update's effect is", "ntk_distance", plots.ntk_distance(decay, colors))
     vectors = {label: records for label, runs in groups.items() if data.ntk_kind(runs[0]) == "current"
                and (records := data.current_ntk(runs[0], steps))}
     if vectors:
@@ -193,7 +202,7 @@ def _part(heading: str, runs: Sequence[Run], out: Path, sub: str, steps: Sequenc
     w = _Writer(out, sub)
     notes = _learning_curves(w, groups, colors, window)
     _gradcov(w, groups, colors, steps)
-    _ntk(w, groups, steps)
+    _ntk(w, groups, colors, steps)
     probe_figures(w.add, groups, colors, steps, skip=_hand_made)
     if (runs[0].config.get("command") or runs[0].config.get("algo")) in STREAM_COMMANDS:
         notes.append("The paper's streaming table and Fig. 2 panels for these runs: python -m reports.stream DIR -o OUT.")

@@ -29,7 +29,7 @@ from probes.runlog import Run, RunLogError
 from .cli import OutputDirError, load_runs, output_dir, warn
 from .data import config_key, config_labels, final_return, finished, run_end, training_length
 from .html import Table, write_index
-from .plots import save
+from .plots import group_colors, save
 
 __all__ = ["ClassicRow", "classic_table", "buffer_figure", "main"]
 
@@ -110,22 +110,25 @@ def _line_label(row: ClassicRow) -> str:
 
 
 def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
-    """One panel per environment: final return (mean ± SE) against buffer size (log scale), one line per
-    activation and setting."""
+    """The paper's buffer-size figure: one panel per environment, final return (mean ± SE over seeds, at each
+    point's best learning rate) against buffer size (log scale), one line per activation and setting, each
+    activation in its own colour (:data:`reports.plots.ACTIVATION_COLORS`)."""
     envs = sorted({r.env for r in rows})
     fig = Figure(figsize=(4.5 * len(envs), 3.6), layout="constrained")
     axes = fig.subplots(1, len(envs), squeeze=False)[0]
     for ax, env in zip(axes, envs):
         here = [r for r in rows if r.env == env]
-        for label in dict.fromkeys(map(_line_label, here)):
-            pts = sorted((r.buffer_size, r.mean, r.sem) for r in here if _line_label(r) == label)
-            x, m, s = (np.array(v, dtype=float) for v in zip(*pts))
-            ax.plot(x, m, marker="o", label=label)
-            ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), alpha=0.2)
+        labels = list(dict.fromkeys(map(_line_label, here)))
+        colors = group_colors({label: next(r.act for r in here if _line_label(r) == label) for label in labels})
+        for label in labels:
+            pts = sorted((r.buffer_size, r.mean, r.sem, r.n_seeds) for r in here if _line_label(r) == label)
+            x, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
+            ax.plot(x, m, marker="o", color=colors[label], label=f"{label} (n={int(n.min())})")
+            ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=colors[label], alpha=0.2)
         ax.set_xscale("log")
-        ax.set_xlabel("buffer size")
+        ax.set_xlabel("replay buffer size (transitions)")
         ax.set_ylabel("final return (last 10% of episodes)")
-        ax.set_title(env)
+        ax.set_title(f"{env}: mean ± SE over n seeds", fontsize=10)
         ax.legend(fontsize=7)
     return fig
 

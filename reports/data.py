@@ -21,7 +21,7 @@ from probes.schema import FieldDoc, ProbeSchema, default_doc
 
 __all__ = [
     "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "config_key", "config_labels", "group_by_config",
-    "partition", "short_labels", "MAX_LABEL",
+    "partition", "short_labels", "MAX_LABEL", "DistanceCurve", "ntk_vs_distance",
     "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
     "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
     "probe_inputs", "probe_schema", "field_doc", "probe_fields",
@@ -376,6 +376,44 @@ def probe_inputs(run: Run) -> np.ndarray | None:
 def ntk_matrix(kernel: np.ndarray) -> np.ndarray:
     """An ``(N, N)`` kernel as is; an ``(N, N, O, O)`` one traced over its outputs."""
     return np.trace(kernel, axis1=2, axis2=3) if kernel.ndim == 4 else kernel
+
+
+@dataclass(frozen=True)
+class DistanceCurve(_OverRuns):
+    """Normalised NTK ``K_ij / sqrt(K_ii K_jj)`` against the distance ``||x_i - x_j||`` between probe inputs, binned:
+    ``steps`` holds the bin centres ``(B,)`` and ``values`` ``(R, B)`` each run's mean over its pairs in each bin
+    (NaN where a run has none); ``step`` is the training step of the records used (the last one of each run)."""
+
+    step: int = 0
+
+
+def ntk_vs_distance(runs: Sequence[Run], bins: int = 12) -> DistanceCurve | None:
+    """How fast the NTK decays with input distance, per run at its last NTK record (``(N, N)`` kernels on logged
+    probe inputs; pairs ``i != j``), on bins shared by the runs from 0 to their largest distance; None if no run
+    has both."""
+    pairs = []
+    for run in runs:
+        inputs, found = probe_inputs(run), _field(run, "ntk", "kernel")
+        if inputs is None or found is None or found[1].ndim not in (3, 5):
+            continue
+        kernel = ntk_matrix(found[1][-1])
+        x = inputs.reshape(len(inputs), -1).astype(np.float64)
+        if kernel.shape != (len(x), len(x)):
+            continue
+        diag = np.sqrt(np.clip(np.diag(kernel), 1e-30, None))
+        i, j = np.triu_indices(len(x), k=1)
+        pairs.append((int(found[0][-1]), np.linalg.norm(x[i] - x[j], axis=1), kernel[i, j] / (diag[i] * diag[j])))
+    if not pairs:
+        return None
+    top = max(float(d.max()) for _, d, _ in pairs) or 1.0
+    edges = np.linspace(0.0, top, bins + 1)
+    values = np.full((len(pairs), bins), np.nan)
+    for r, (_, dist, k) in enumerate(pairs):
+        which = np.clip(np.digitize(dist, edges) - 1, 0, bins - 1)
+        for b in range(bins):
+            if np.any(which == b):
+                values[r, b] = k[which == b].mean()
+    return DistanceCurve(steps=(edges[:-1] + edges[1:]) / 2, values=values, step=max(s for s, _, _ in pairs))
 
 
 # --- what a probe's fields mean -------------------------------------------------------

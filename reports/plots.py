@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from .data import CurrentNTK, Curve, Record, Series, ntk_matrix
+from .data import CurrentNTK, Curve, DistanceCurve, Record, Series, ntk_matrix
 
-__all__ = ["GRADCOV_CMAP", "GRADCOV_CLIM", "ACTIVATION_COLORS", "activation_color", "group_colors", "heatmap_scale",
+__all__ = ["ntk_distance", "GRADCOV_CMAP", "GRADCOV_CLIM", "ACTIVATION_COLORS", "activation_color", "group_colors", "heatmap_scale",
            "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
            "ntk_vectors", "layer_series", "layer_ranges", "heatmaps"]
 
@@ -95,13 +95,17 @@ def _grid(n_rows: int, n_cols: int) -> tuple[Figure, np.ndarray]:
     return fig, axes
 
 
-def gradcov_heatmaps(panels: Mapping[str, Sequence[Record]], loss: str) -> Figure:
+def gradcov_heatmaps(panels: Mapping[str, Sequence[Record]], loss: str, side_by_side: bool = False) -> Figure:
     """Gradient covariance matrices ``(k, k)``: one row per group, one panel per record (e.g. the midpoint
-    and end of training), colormap `GRADCOV_CMAP` with limits fixed to `GRADCOV_CLIM`, one shared colorbar."""
+    and end of training), colormap `GRADCOV_CMAP` with limits fixed to `GRADCOV_CLIM`, one shared colorbar.
+    ``side_by_side``: the paper's layout instead, the groups (activations) side by side in columns and one row per
+    record, so each row compares them at the same step."""
     n_cols = max((len(records) for records in panels.values()), default=0)
     if n_cols == 0:
         raise ValueError("gradcov_heatmaps: no records to plot")
-    fig, axes = _grid(len(panels), n_cols)
+    fig, axes = _grid(n_cols, len(panels)) if side_by_side else _grid(len(panels), n_cols)
+    if side_by_side:
+        axes = axes.T  # axes[g] is group g's column
     image = None
     for row, (label, records) in zip(axes, panels.items()):
         for ax, record in zip(row, records):
@@ -154,6 +158,16 @@ def heatmaps(panels: Mapping[str, Sequence[Record]], title: str, axes_names: Seq
             ax.set_xlabel(axes_names[1], fontsize=8)
             ax.set_ylabel(axes_names[0], fontsize=8)
     fig.suptitle(title)
+    return fig
+
+
+def ntk_distance(curves: Mapping[str, DistanceCurve], colors: Mapping[str, str] | None = None) -> Figure:
+    """Normalised NTK against probe-input distance, ``{label: DistanceCurve}``: mean over seeds per distance bin,
+    shaded ± standard error; a fast decay means an update at one input changes the function elsewhere little."""
+    fig = mean_curves({r"normalised NTK $K_{ij}/\sqrt{K_{ii}K_{jj}}$": curves}, colors=colors,
+                      xlabel=r"distance $\|x_i - x_j\|$ between probe inputs",
+                      title=f"step {max(c.step for c in curves.values())}: mean ± SE over n seeds")
+    fig.axes[0].axhline(0.0, color="0.6", lw=0.8)
     return fig
 
 

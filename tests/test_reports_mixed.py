@@ -145,3 +145,22 @@ def test_the_showcase_page_has_real_captions_links_and_the_citation(tmp_path):
     assert captions and not stems & set(captions)  # captions say what a figure shows, not its file name
     assert all((tmp_path / "showcase" / src).exists() for src in page.images)
     assert "the README quotes 5 seeds" in index.read_text() and "Vasan" in index.read_text()
+
+
+def test_ntk_against_distance_bins_the_normalised_kernel_of_every_run():
+    """Two inputs at distance 1 and a third far away: the normalised kernel of the near pair lands in the first
+    bin, the far pairs in the last; a second run with another kernel gives the mean and the standard error."""
+    from probes.runlog import Run
+    from reports.data import ntk_vs_distance
+
+    x = np.array([[0.0], [1.0], [10.0]])
+
+    def run(k_far: float) -> Run:
+        kernel = np.array([[4.0, 2.0, k_far], [2.0, 4.0, k_far], [k_far, k_far, 4.0]])[None]
+        return Run("r.h5", {}, 0, {}, {"inputs": {"step": np.array([0]), "x": x[None]},
+                                       "ntk": {"step": np.array([100]), "kernel": kernel}}, {})
+
+    curve = ntk_vs_distance([run(0.0), run(2.0)], bins=2)
+    assert curve.step == 100 and curve.steps.tolist() == [2.5, 7.5]
+    assert curve.values.tolist() == [[0.5, 0.0], [0.5, 0.5]]
+    assert curve.mean.tolist() == [0.5, 0.25] and curve.sem[0] == 0.0
