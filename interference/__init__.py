@@ -18,7 +18,17 @@ from .nets import count_parameters, match_width, mlp, nature_cnn, spread_bias_
 from .ntk import explain, ntk
 from .plan import ParamPath, Plan
 from .rules import Factor, LayerRule, register_rule, registered_rules
+from .plasticity import (
+    condition_number,
+    effective_rank,
+    feature_norm,
+    interference_mass,
+    kernel_effective_rank,
+    singular_values,
+    srank,
+)
 from .sparsity import (
+    dormant_scores,
     dormant_units,
     function_sparsity,
     gradient_sparsity,
@@ -41,6 +51,14 @@ __all__ = [
     "activation_names",
     "activation_spec",
     "count_parameters",
+    "dormant_scores",
+    "effective_rank",
+    "srank",
+    "singular_values",
+    "feature_norm",
+    "kernel_effective_rank",
+    "condition_number",
+    "interference_mass",
     "dormant_units",
     "elephant",
     "explain",

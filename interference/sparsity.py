@@ -27,6 +27,7 @@ __all__ = [
     "SparsityLimit",
     "sparsity_limit",
     "representation_sparsity",
+    "dormant_scores",
     "dormant_units",
     "saturated_units",
 ]
@@ -146,17 +147,23 @@ def representation_sparsity(h: Tensor, eps: float) -> float:
     return float((_check_units("representation_sparsity", h).abs() <= e).double().mean())
 
 
-def dormant_units(h: Tensor, tau: float) -> Tensor:
-    """Mask (units,) of dormant units: ``mean|h_i| / mean_j mean|h_j| <= tau`` over the batch (Sokar et al. 2023).
+def dormant_scores(h: Tensor) -> Tensor:
+    """ReDo scores (units,) of activations ``h`` (N, units): ``mean|h_i| / mean_j mean|h_j|`` over the batch (Sokar
+    et al. 2023); all 0 when the whole layer is zero."""
+    a = _check_units("dormant_scores", h).abs().mean(0)
+    scale = a.mean()
+    return torch.zeros_like(a) if scale == 0 else a / scale
 
-    With ``tau = 0`` this is the ReLU notion of a dead unit (zero on every input).
+
+def dormant_units(h: Tensor, tau: float) -> Tensor:
+    """Mask (units,) of ReDo-dormant units: :func:`dormant_scores` ``<= tau`` (0.025 and 0.1 are the usual values).
+
+    With ``tau = 0`` this is the ReLU notion of a dead unit (zero on every input). Compare :func:`saturated_units`,
+    which looks at the derivative (see :mod:`interference.plasticity` for the two side by side).
     """
     t = _check_number("dormant_units", "tau", tau, zero_ok=True)
-    a = _check_units("dormant_units", h).abs().mean(0)
-    scale = a.mean()
-    if scale == 0:
-        return torch.ones_like(a, dtype=torch.bool)
-    return a / scale <= t
+    _check_units("dormant_units", h)
+    return dormant_scores(h) <= t
 
 
 def saturated_units(dphi: Tensor, eps: float, fraction: float = 1.0) -> Tensor:

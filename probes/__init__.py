@@ -6,14 +6,15 @@
 probe's fields mean (reports read it); ``probes.plugins`` loads users' plugin modules.
 """
 
-from .builtin import (PROBES, GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe, make_probe,
-                      register_probe)
+from .builtin import (PROBES, GradCovProbe, NTKProbe, OutputsProbe, PlasticityProbe, SparsityProbe, WeightsProbe,
+                      make_probe, register_probe)
 from .probe import Probe, ProbeContext
 from .runlog import Field, Run, RunLog, RunLogError, RunLogWriteError, find_runs, read_run
 from .runner import ProbeRunner
 from .schema import FieldDoc, ProbeSchema
 
 __all__ = [
-    "PROBES", "Field", "FieldDoc", "GradCovProbe", "NTKProbe", "OutputsProbe", "Probe", "ProbeContext", "ProbeRunner", "ProbeSchema", "Run", "RunLog",
-    "RunLogError", "RunLogWriteError", "SparsityProbe", "WeightsProbe", "find_runs", "make_probe", "read_run", "register_probe",
+    "PROBES", "Field", "FieldDoc", "GradCovProbe", "NTKProbe", "OutputsProbe", "PlasticityProbe", "Probe",
+    "ProbeContext", "ProbeRunner", "ProbeSchema", "Run", "RunLog", "RunLogError", "RunLogWriteError", "SparsityProbe",
+    "WeightsProbe", "find_runs", "make_probe", "read_run", "register_probe",
 ]

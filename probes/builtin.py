@@ -12,6 +12,8 @@ from torch import Tensor, nn
 import interference
 from interference.activation_spec import activation_names, activation_spec, activation_types, module_spec
 from interference.ntk import model_outputs
+from interference.plasticity import (condition_number, effective_rank, feature_norm, interference_mass,
+                                     kernel_effective_rank, srank)
 from interference.sparsity import dormant_units, representation_sparsity, saturated_units
 
 from .probe import Probe, ProbeContext
@@ -29,14 +31,18 @@ def _np(t: Tensor) -> np.ndarray:
 class GradCovProbe(Probe):
     """The paper's gradient covariance ``C_ij`` over ``k`` training samples, one ``(k, k)`` matrix per loss.
 
-    Also writes, per loss, the mean off-diagonal entry and the fraction of negative off-diagonal entries
-    (interference) for quick curves.
+    Also writes, per loss, the mean off-diagonal entry, the fraction of negative off-diagonal entries, and the
+    shares of the off-diagonal mass that are negative (interference) and positive (generalisation), for curves.
     """
 
     name = "gradcov"
     schema = ProbeSchema("Gradient covariance", {
         "*_offdiag_mean": FieldDoc("mean off-diagonal C_ij of one loss", axes=(), plot="curve"),
         "*_negative_fraction": FieldDoc("fraction of negative off-diagonal C_ij (interference)", plot="curve"),
+        "*_negative_mass": FieldDoc("share of the off-diagonal mass sum|C_ij| that is negative (interference)",
+                                    "fraction", plot="curve"),
+        "*_positive_mass": FieldDoc("share of the off-diagonal mass sum|C_ij| that is positive (generalisation)",
+                                    "fraction", plot="curve"),
         "*": FieldDoc("gradient covariance C_ij of k training samples under one loss (field name: the loss)",
                       axes=("sample", "sample"), plot="heatmap"),
     })
@@ -58,6 +64,8 @@ class GradCovProbe(Probe):
             out[loss] = Field((self.k, self.k))
             out[f"{loss}_offdiag_mean"] = Field(())
             out[f"{loss}_negative_fraction"] = Field(())
+            out[f"{loss}_negative_mass"] = Field(())
+            out[f"{loss}_positive_mass"] = Field(())
         return out
 
     def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
@@ -69,6 +77,7 @@ class GradCovProbe(Probe):
             out[name] = _np(c)
             out[f"{name}_offdiag_mean"] = np.float32(c[off].mean().item())
             out[f"{name}_negative_fraction"] = np.float32((c[off] < 0).double().mean().item())
+            out[f"{name}_negative_mass"], out[f"{name}_positive_mass"] = map(np.float32, interference_mass(c))
         return out
 
 
@@ -303,7 +312,90 @@ class WeightsProbe(Probe):
         return out
 
 
-PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe)}
+class PlasticityProbe(Probe):
+    """Loss-of-plasticity measures on the fixed probe inputs (:mod:`interference.plasticity`):
+
+    * ``effective_rank`` and ``srank`` (``1 - delta`` of the singular-value mass) of the penultimate features, the
+      input of the last ``Linear`` layer the probe forward reaches (a Q-network's or an actor's head);
+    * ``feature_norm``: mean L2 norm of those features;
+    * ``dormant``: per hidden activation layer, the fraction of ReDo-dormant units (score ``<= tau``);
+    * ``weight_norm``: per ``Linear`` layer on the forward path, the Frobenius norm of its weight;
+    * ``ntk_effective_rank`` and ``ntk_condition``: of the empirical NTK (traced over outputs) on the inputs.
+
+    Thresholds ``delta`` and ``tau`` are settings, stored in the run log.
+    """
+
+    name = "plasticity"
+    schema = ProbeSchema("Plasticity", {
+        "effective_rank": FieldDoc("effective rank of the penultimate features on the probe inputs", "rank",
+                                   plot="curve"),
+        "srank": FieldDoc("srank_delta of the penultimate features (singular values holding 1 - delta)", "rank",
+                          plot="curve"),
+        "feature_norm": FieldDoc("mean L2 norm of the penultimate features", "L2 norm", plot="curve"),
+        "dormant": FieldDoc("fraction of ReDo-dormant units (score <= tau)", "fraction", ("layer",), "per_layer",
+                            "layers"),
+        "weight_norm": FieldDoc("Frobenius norm of each Linear layer's weight", "L2 norm", ("layer",), "per_layer",
+                                "linear_layers"),
+        "ntk_effective_rank": FieldDoc("effective rank of the NTK on the probe inputs", "rank", plot="curve"),
+        "ntk_condition": FieldDoc("condition number of the NTK on the probe inputs (log10)", "log10", plot="curve"),
+    })
+
+    def __init__(self, every: int | None = 1000, at: Sequence[int] = (), *, delta: float = 0.01,
+                 tau: float = 0.025) -> None:
+        super().__init__(every, at)
+        self.delta, self.tau = float(delta), float(tau)
+        self.layers: list[str] = []
+        self.linear_layers: list[str] = []
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "delta": self.delta, "tau": self.tau, "layers": self.layers,
+                "linear_layers": self.linear_layers}
+
+    def _capture(self, ctx: ProbeContext) -> dict[str, Tensor]:
+        """Inputs of every activation and Linear module the probe forward reaches on ``ctx.inputs``, in order."""
+        mods = [(n, m) for n, m in ctx.model.named_modules() if isinstance(m, (nn.Linear, activation_types()))]
+        captured: dict[str, Tensor] = {}
+        handles = [m.register_forward_hook(lambda mod, args, out, n=n: captured.__setitem__(n, (args[0], out)))
+                   for n, m in mods]
+        try:
+            with torch.no_grad():
+                (ctx.forward or (lambda m, v: m(v)))(ctx.model, ctx.inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        return captured
+
+    def fields(self, ctx: ProbeContext) -> dict[str, Field]:
+        if ctx.inputs is None:
+            raise ValueError("plasticity needs fixed probe inputs (ctx.inputs)")
+        captured = self._capture(ctx)
+        modules = dict(ctx.model.named_modules())
+        self.linear_layers = [n for n in captured if isinstance(modules[n], nn.Linear)]
+        self.layers = [n for n in captured if not isinstance(modules[n], nn.Linear)]
+        if not self.linear_layers:
+            raise ValueError("plasticity: the probe forward reaches no Linear layer (no penultimate features)")
+        return {"effective_rank": Field(()), "srank": Field(()), "feature_norm": Field(()),
+                "dormant": Field((max(1, len(self.layers)),)), "weight_norm": Field((len(self.linear_layers),)),
+                "ntk_effective_rank": Field(()), "ntk_condition": Field(())}
+
+    def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
+        captured = self._capture(ctx)
+        modules = dict(ctx.model.named_modules())
+        features = captured[self.linear_layers[-1]][0]
+        dormant = [float(dormant_units(captured[n][1], self.tau).double().mean()) for n in self.layers] or [np.nan]
+        kernel = interference.ntk(_model_fn(ctx), ctx.inputs, output="trace")
+        return {"effective_rank": np.float32(effective_rank(features)),
+                "srank": np.float32(srank(features, self.delta)),
+                "feature_norm": np.float32(feature_norm(features)),
+                "dormant": np.asarray(dormant, dtype=np.float32),
+                "weight_norm": np.asarray([modules[n].weight.norm().item() for n in self.linear_layers],
+                                          dtype=np.float32),
+                "ntk_effective_rank": np.float32(kernel_effective_rank(kernel)),
+                "ntk_condition": np.float32(np.log10(condition_number(kernel)))}
+
+
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe,
+                                                      PlasticityProbe)}
 
 
 def register_probe(cls: type[Probe], *, replace: bool = False) -> type[Probe]:
