@@ -314,7 +314,12 @@ def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local
 
     def inline(running: dict[Hashable, GridRun]) -> list[Outcome]:
         _, run = running.popitem()
-        return [_outcome(run, lambda: execute(run))]
+        outcome = _outcome(run, lambda: execute(run))
+        if _WRITE_FAILED:  # HDF5 in this process may be left unusable by the failed file: start no more runs here
+            stop.broken = True
+            bar.write("a run could not write its files (full or failing disk?): no further runs start; re-run the "
+                      "grid when there is space", file=sys.stderr)
+        return [outcome]
 
     with handling(STOP_SIGNALS, stop.on_signal):
         if backend == "ray":

@@ -69,6 +69,10 @@ UNWRITTEN_STEP = -1  # what a step entry reads as when its chunk never reached t
 _MAX_CHUNK_ROWS = 1024
 
 
+#: the HDF5 objects of logs whose writes failed, kept alive on purpose (see :meth:`RunLog.close`)
+_FAILED_FILES: list = []
+
+
 class RunLogWriteError(OSError):
     """Writing the run log failed (full disk, I/O error, file size limit): the run cannot go on."""
 
@@ -197,6 +201,10 @@ class RunLog:
             f.close()
             raise
         self._file = f
+        # one handle per dataset for the whole run: HDF5 writes an object's metadata when its handle is freed, and
+        # a failure there (a full disk) is only printed by h5py, never raised; with handles kept, it surfaces in the
+        # flush after each record (and re-opening every dataset per record cost time on the hot path)
+        self._columns = {key: {name: f[key[0]][key[1]][name] for name in f[key[0]][key[1]]} for key in self._counts}
         self._write_error: str | None = None
         # HDF5 drops its own lock in SWMR mode; a shared lock tells a later RunLog on the
         # same path that this writer is alive (readers take shared locks too).
@@ -255,13 +263,13 @@ class RunLog:
             raise RunLogWriteError(f"{self.path}: cannot write the run log (an earlier write failed: "
                                    f"{self._write_error}); records written before stay readable")
         try:
-            group = self._file[key[0]][key[1]]
+            columns = self._columns[key]
             n = self._counts[key]
             for name, value in values.items():
-                _write_row(group[name], n, value)
+                _write_row(columns[name], n, value)
             self._file.flush()
             kill_point("runlog.mid_record")
-            _write_row(group["step"], n, step)
+            _write_row(columns["step"], n, step)
             self._file.flush()
         except (OSError, RuntimeError) as err:
             cause = _os_cause(err)
@@ -271,14 +279,17 @@ class RunLog:
         self._counts[key] = n + 1
 
     def close(self) -> None:
-        """Close the file (idempotent); after a write error the close may fail too, which is not raised again."""
+        """Close the file (idempotent). After a write error the file's HDF5 objects are kept, never freed: HDF5
+        tears down the objects of a file whose writes failed badly (a segmentation fault, seen on a full disk), so
+        they stay in :data:`_FAILED_FILES` until the process ends (the CLIs then leave with ``os._exit``)."""
         if self._lock_fd is None:
             return
         try:
-            self._file.close()
-        except (OSError, RuntimeError):
-            if self._write_error is None:
-                raise
+            if self._write_error is not None:
+                _FAILED_FILES.append((self._file, self._columns))
+            else:
+                self._columns = {}
+                self._file.close()
         finally:
             os.close(self._lock_fd)
             self._lock_fd = None

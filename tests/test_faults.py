@@ -338,20 +338,22 @@ def _complete_records(log: Path) -> dict:
 
 
 @pytest.mark.parametrize("errno, mode, words, end", [
-    (28, "full", "No space left on device", "write_error"),  # a full disk: the pre-allocated run_end still fits
-    (5, "fail", "Input/output error", None),  # a failing disk takes nothing more: no run_end, records before kept
+    # a full disk: the pre-allocated run_end fits, but HDF5 must also flush what it could not write before, so the
+    # record may be missing (a reader then treats the run as unfinished; never a wrong status)
+    (28, "full", "No space left on device", ("write_error", None)),
+    (5, "fail", "Input/output error", (None,)),  # a failing disk takes nothing more: no run_end, records before kept
 ])
 def test_enospc_and_eio_in_hdf5s_own_writes_stop_the_run_visibly(tmp_path, failwrite, errno, mode, words, end):
     from agents.train import EXIT_IO
     from probes.runlog import RUN_END
 
-    proc = _dqn_with_failing_disk(tmp_path, failwrite, "run.h5", errno, mode, 150_000)
+    proc = _dqn_with_failing_disk(tmp_path, failwrite, "run.h5", errno, mode, 400_000)
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "cannot write the run log" in last and words in last, last
     scalars = _complete_records(_run_dir(tmp_path) / "run.h5")
     ends = [RUN_END[int(v)] for v in scalars["run_end"][1]]
-    assert ends == ([end] if end else [])
+    assert (ends[0] if ends else None) in end and len(ends) <= 1
 
 
 def test_a_full_disk_while_checkpointing_stops_the_run_and_the_log_says_why(tmp_path, failwrite):
@@ -369,8 +371,9 @@ def test_a_full_disk_while_checkpointing_stops_the_run_and_the_log_says_why(tmp_
 
 
 def test_a_grid_running_its_runs_in_process_survives_a_full_disk(tmp_path, failwrite):
-    """``--workers 1`` runs in the grid process: each failed write is a failed run with a one-line reason (the
-    OS's words), and the grid exits 1 instead of crashing at exit on HDF5 objects of the failed files."""
+    """``--workers 1`` runs in the grid process: a failed write is a failed run with a one-line reason (the OS's
+    words); no further run starts in a process whose HDF5 saw the failure, and the grid exits 1 instead of crashing
+    on the failed file's HDF5 objects."""
     import yaml
 
     grid = tmp_path / "grid.yml"
@@ -382,9 +385,10 @@ def test_a_grid_running_its_runs_in_process_survives_a_full_disk(tmp_path, failw
     proc = subprocess.run([sys.executable, "-m", "agents.grid", str(grid), "--out", str(tmp_path / "runs"),
                            "--workers", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "0 finished, 2 failed" in proc.stderr
+    assert "0 finished, 1 failed, 0 interrupted, 1 not started" in proc.stderr
+    assert "no further runs start" in proc.stderr
     reasons = proc.stderr.split("failed runs:")[1].strip().splitlines()
-    assert len(reasons) == 2 and all("(No space left on device)" in r for r in reasons), reasons
+    assert len(reasons) == 1 and "(No space left on device)" in reasons[0], reasons
 
 
 def test_a_full_disk_before_the_run_starts_is_a_message_not_a_traceback(tmp_path, failwrite):

@@ -281,6 +281,7 @@ def test_the_end_record_is_preallocated_written_once_and_cut_back_on_resume(tmp_
         log.end(6, "write_error")  # ... but the end record is written in place
         with pytest.raises(ValueError, match="a run ends once"):
             log.end(7, "finished")
+        log._write_error = None  # the failure was simulated: close the file normally (a real one is kept open)
     steps, values = read_run(path).scalars[END]
     assert steps.tolist() == [6] and [RUN_END[int(v)] for v in values] == ["write_error"]
     with RunLog(path, config={}, seed=0, probes={}, scalars=["reward", END], keep={"scalars/reward": 1}) as log:

@@ -1,7 +1,7 @@
 /* LD_PRELOAD write shim for fault tests: writes to files whose path contains FAILWRITE_PATH fail with errno
  * FAILWRITE_ERRNO (e.g. 28 ENOSPC, 5 EIO) once FAILWRITE_AFTER bytes have been written to them, as a failing disk
- * would make them; with FAILWRITE_MODE=full, only writes that would grow the file fail then, as on a full disk
- * (bytes already allocated can still be overwritten). It wraps the libc calls HDF5's own C code makes (open, write, pwrite), which a Python mock
+ * would make them; with FAILWRITE_MODE=full, only writes past the furthest byte written so far fail then, as on a
+ * full disk (bytes already on disk can still be overwritten; a file extended by ftruncate is a hole, not space). It wraps the libc calls HDF5's own C code makes (open, write, pwrite), which a Python mock
  * cannot reach. Build: cc -shared -fPIC -o failwrite.so failwrite.c -ldl */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -10,7 +10,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,19 +17,22 @@
 #define MAX_FD 4096
 static char watched[MAX_FD];
 static long long written = 0;
+static long long high[MAX_FD];  /* per fd: the furthest byte written, i.e. space the "disk" has given the file */
 
 static void watch(int fd, const char *path) {
     const char *want = getenv("FAILWRITE_PATH");
-    if (fd >= 0 && fd < MAX_FD) watched[fd] = want && *want && path && strstr(path, want) != NULL;
+    if (fd >= 0 && fd < MAX_FD) {
+        watched[fd] = want && *want && path && strstr(path, want) != NULL;
+        high[fd] = 0;
+    }
 }
 
 static int refuse(int fd, size_t n, off_t off) {
     if (fd < 0 || fd >= MAX_FD || !watched[fd]) return 0;
     const char *after = getenv("FAILWRITE_AFTER");
     const char *mode = getenv("FAILWRITE_MODE");
-    struct stat st;
-    if (mode && strcmp(mode, "full") == 0 && fstat(fd, &st) == 0 && off >= 0 && off + (off_t)n <= st.st_size) {
-        written += (long long)n;  /* overwrites allocated bytes: a full disk allows it */
+    if (mode && strcmp(mode, "full") == 0 && off >= 0 && off + (long long)n <= high[fd]) {
+        written += (long long)n;  /* overwrites bytes already on disk: a full disk allows it */
         return 0;
     }
     if (written + (long long)n > (after ? atoll(after) : 0)) {
@@ -39,6 +41,7 @@ static int refuse(int fd, size_t n, off_t off) {
         return 1;
     }
     written += (long long)n;
+    if (off >= 0 && off + (long long)n > high[fd]) high[fd] = off + (long long)n;
     return 0;
 }
 
