@@ -37,19 +37,19 @@ ENV.pop(KILL_AT, None)
 #: small but complete runs: probes with state (cadence, RNG, inputs, gradients), several checkpoints and updates;
 #: PPO with 8 envs x 32 steps per rollout
 ALGOS = {
-    "dqn": ["dqn", "--env", "CartPole-v1", "--hidden", "16", "--steps", "1600", "--set", "learning_starts=100",
-            "--probe", "gradcov,weights,sparsity", "--probe-every", "300", "--checkpoint-every", "400"],
-    "ppo": ["ppo", "--env", "CartPole-v1", "--hidden", "16", "--steps", "1536", "--set", "n_epochs=2",
-            "--probe", "gradcov,weights", "--probe-every", "500", "--checkpoint-every", "512"],
+    "dqn": ["dqn", "--env", "CartPole-v1", "--hidden", "16", "--steps", "1000", "--set", "learning_starts=100",
+            "--probe", "gradcov,weights,sparsity", "--probe-every", "200", "--checkpoint-every", "250"],
+    "ppo": ["ppo", "--env", "CartPole-v1", "--hidden", "16", "--steps", "1024", "--set", "n_epochs=2",
+            "--probe", "gradcov,weights", "--probe-every", "300", "--checkpoint-every", "256"],
 }
 _seeded = random.Random(13)
 #: scenario -> how the first attempt dies: a kill point (NAME:N), a seeded SIGKILL delay, or SIGTERM after a delay
 SCENARIOS = {
     "dqn": {"mid-checkpoint": "checkpoint.mid_write:2", "after-rename": "checkpoint.after_rename:2", "mid-record": "runlog.mid_record:60",
-            "killed-resume": "resume.after_truncate", f"sigkill-{(d := round(_seeded.uniform(3, 6), 2))}s": d,
+            "killed-resume": "resume.after_truncate", f"sigkill-{(d := round(_seeded.uniform(3, 5), 2))}s": d,
             "sigterm": "SIGTERM"},
     "ppo": {"mid-checkpoint": "checkpoint.mid_write:1", "after-rename": "checkpoint.after_rename:2",
-            "mid-record": "runlog.mid_record:25", f"sigkill-{(d := round(_seeded.uniform(3, 6), 2))}s": d,
+            "mid-record": "runlog.mid_record:25", f"sigkill-{(d := round(_seeded.uniform(3, 5), 2))}s": d,
             "sigterm": "SIGTERM"},
 }
 
@@ -235,8 +235,8 @@ def test_the_grid_resumes_killed_runs(tmp_path, batches):
     """Both workers of a grid killed after their second checkpoint; ``--resume`` finishes both, and seed 0 equals
     the DQN reference run of the CLI (same config, same run folder name)."""
     grid = tmp_path / "grid.yml"
-    fixed = {"env": "CartPole-v1", "net_arch": [16], "n_timesteps": 1600, "learning_starts": 100,
-             "probe": ["gradcov", "weights", "sparsity"], "probe_every": 300, "checkpoint_every": 400}
+    fixed = {"env": "CartPole-v1", "net_arch": [16], "n_timesteps": 1000, "learning_starts": 100,
+             "probe": ["gradcov", "weights", "sparsity"], "probe_every": 200, "checkpoint_every": 250}
     grid.write_text(yaml.safe_dump({"command": "dqn", "fixed": fixed, "grids": [{"seed": [0, 1]}]}))
     args = [sys.executable, "-m", "agents.grid", str(grid), "--out", str(tmp_path / "runs"), "--workers", "2"]
     killed = _run(args, "checkpoint.after_rename:2")
