@@ -64,6 +64,7 @@ _MODULES = {
     "stream-sin": "agents.stream.commands",
     "edit": "agents.stream.commands",
     "dqn": "agents.rl.commands",
+    "rainbow": "agents.rl.commands",
     "ppo": "agents.rl.commands",
     "sac": "agents.rl.commands",
 }

@@ -14,6 +14,7 @@ from .activation_spec import (
 from .activations import FTA, LWTA, Elephant, Maxout, elephant
 from .closed_form import one_hidden_layer_ntk
 from .gradcov import gradient_covariance, per_sample_grads
+from .noisy import NoisyLinear, resample_noise, set_noise
 from .nets import count_parameters, match_width, mlp, nature_cnn, spread_bias_
 from .ntk import explain, ntk
 from .plan import ParamPath, Plan
@@ -48,6 +49,7 @@ __all__ = [
     "Plan",
     "LWTA",
     "Maxout",
+    "NoisyLinear",
     "activation_names",
     "activation_spec",
     "count_parameters",
@@ -74,6 +76,8 @@ __all__ = [
     "per_sample_grads",
     "register_activation",
     "register_rule",
+    "resample_noise",
+    "set_noise",
     "registered_rules",
     "representation_sparsity",
     "saturated_units",

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 import interference
 from interference.activation_spec import activation_names, activation_spec, activation_types, module_spec
+from interference.noisy import NoisyLinear
 from interference.ntk import model_outputs
 from interference.plasticity import (condition_number, effective_rank, feature_norm, interference_mass,
                                      kernel_effective_rank, srank)
@@ -19,6 +20,8 @@ from interference.sparsity import dormant_units, representation_sparsity, satura
 from .probe import Probe, ProbeContext
 from .runlog import Field
 from .schema import FieldDoc, ProbeSchema
+
+LINEAR = (nn.Linear, NoisyLinear)  # what counts as a linear layer (a noisy layer's weight: its mean weight)
 
 __all__ = ["GradCovProbe", "NTKProbe", "OutputsProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "register_probe",
            "activation_modules"]
@@ -316,7 +319,8 @@ class PlasticityProbe(Probe):
     """Loss-of-plasticity measures on the fixed probe inputs (:mod:`interference.plasticity`):
 
     * ``effective_rank`` and ``srank`` (``1 - delta`` of the singular-value mass) of the penultimate features, the
-      input of the last ``Linear`` layer the probe forward reaches (a Q-network's or an actor's head);
+      input of the last ``Linear`` (or ``NoisyLinear``) layer the probe forward reaches (a Q-network's or an actor's
+      head; Rainbow's advantage head);
     * ``feature_norm``: mean L2 norm of those features;
     * ``dormant``: per hidden activation layer, the fraction of ReDo-dormant units (score ``<= tau``);
     * ``weight_norm``: per ``Linear`` layer on the forward path, the Frobenius norm of its weight;
@@ -353,7 +357,7 @@ class PlasticityProbe(Probe):
 
     def _capture(self, ctx: ProbeContext) -> dict[str, Tensor]:
         """Inputs of every activation and Linear module the probe forward reaches on ``ctx.inputs``, in order."""
-        mods = [(n, m) for n, m in ctx.model.named_modules() if isinstance(m, (nn.Linear, activation_types()))]
+        mods = [(n, m) for n, m in ctx.model.named_modules() if isinstance(m, (*LINEAR, activation_types()))]
         captured: dict[str, Tensor] = {}
         handles = [m.register_forward_hook(lambda mod, args, out, n=n: captured.__setitem__(n, (args[0], out)))
                    for n, m in mods]
@@ -370,8 +374,8 @@ class PlasticityProbe(Probe):
             raise ValueError("plasticity needs fixed probe inputs (ctx.inputs)")
         captured = self._capture(ctx)
         modules = dict(ctx.model.named_modules())
-        self.linear_layers = [n for n in captured if isinstance(modules[n], nn.Linear)]
-        self.layers = [n for n in captured if not isinstance(modules[n], nn.Linear)]
+        self.linear_layers = [n for n in captured if isinstance(modules[n], LINEAR)]
+        self.layers = [n for n in captured if not isinstance(modules[n], LINEAR)]
         if not self.linear_layers:
             raise ValueError("plasticity: the probe forward reaches no Linear layer (no penultimate features)")
         return {"effective_rank": Field(()), "srank": Field(()), "feature_norm": Field(()),
@@ -388,10 +392,15 @@ class PlasticityProbe(Probe):
                 "srank": np.float32(srank(features, self.delta)),
                 "feature_norm": np.float32(feature_norm(features)),
                 "dormant": np.asarray(dormant, dtype=np.float32),
-                "weight_norm": np.asarray([modules[n].weight.norm().item() for n in self.linear_layers],
+                "weight_norm": np.asarray([_weight(modules[n]).norm().item() for n in self.linear_layers],
                                           dtype=np.float32),
                 "ntk_effective_rank": np.float32(kernel_effective_rank(kernel)),
                 "ntk_condition": np.float32(np.log10(condition_number(kernel)))}
+
+
+def _weight(m: nn.Module) -> Tensor:
+    """A linear layer's weight (a noisy layer's mean weight)."""
+    return m.weight_mu if isinstance(m, NoisyLinear) else m.weight
 
 
 PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, OutputsProbe, SparsityProbe, WeightsProbe,

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from interference import Elephant, mlp
+from interference import Elephant, NoisyLinear, mlp
 from interference.nets import hidden_layer
 
 Batch = Any
@@ -1344,6 +1344,23 @@ R("elephant-sequence", lambda: ElephantNet(seq=True), shaped(3, 4), tags=["eleph
 R("elephant-on-conv", ConvElephant, shaped(1, 4, 4), tags=["elephant", "conv"])
 R("elephant-twice", ElephantTwice, vec(4), rule=["l1", "mid", "l2"], tags=["elephant", "sharing"])
 R("elephant-hook", elephant_hook, vec(4), rule=["l1", "l2"], tags=["elephant", "hooks"])
+
+# -- noisy nets (Rainbow): noise on, noise off (the sigmas do not reach the output), and a 3-D input (refused)
+def noisy_net(noise: bool = True) -> nn.Module:
+    net = nn.Sequential(NoisyLinear(4, 6, std_init=0.4), nn.LayerNorm(6), Elephant(d=4, a=0.8, num_units=6),
+                        NoisyLinear(6, 3, std_init=0.4))
+    g = torch.Generator().manual_seed(5)
+    for m in (net[0], net[3]):
+        m.resample(g)
+        m.noise = noise
+    return net
+
+
+R("noisy-on", noisy_net, vec(4), tags=["noisy"])
+R("noisy-off", lambda: noisy_net(noise=False), vec(4), tags=["noisy"],
+  note="weight_sigma and bias_sigma do not reach the output: zero Jacobian, on the rule")
+R("noisy-sequence", noisy_net, shaped(2, 4), rule=["1", "2"],
+  tags=["noisy", "sequence"], note="NoisyLinear's rule takes (n, in) inputs only: a 3-D input goes to the exact path")
 
 # -- convolutions
 R("conv-basic", conv_pattern(lambda: nn.Conv2d(2, 3, 3), (2, 5, 5)), shaped(2, 5, 5), tags=["conv"])

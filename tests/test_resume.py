@@ -41,6 +41,10 @@ ALGOS = {
             "--probe", "gradcov,weights,sparsity", "--probe-every", "200", "--checkpoint-every", "250"],
     "ppo": ["ppo", "--env", "CartPole-v1", "--hidden", "16", "--steps", "1024", "--set", "n_epochs=2",
             "--probe", "gradcov,weights", "--probe-every", "300", "--checkpoint-every", "256"],
+    # Rainbow's own state: the sum tree and largest priority, the noisy layers' current noise, beta's schedule
+    "rainbow": ["rainbow", "--env", "CartPole-v1", "--hidden", "16", "--steps", "800", "--set", "learning_starts=100",
+                "--set", "per_beta_steps=800", "--probe", "gradcov,plasticity", "--probe-every", "200",
+                "--checkpoint-every", "250"],
 }
 _seeded = random.Random(13)
 #: scenario -> how the first attempt dies: a kill point (NAME:N), a seeded SIGKILL delay, or SIGTERM after a delay
@@ -51,6 +55,7 @@ SCENARIOS = {
     "ppo": {"mid-checkpoint": "checkpoint.mid_write:1", "after-rename": "checkpoint.after_rename:2",
             "mid-record": "runlog.mid_record:25", f"sigkill-{(d := round(_seeded.uniform(3, 5), 2))}s": d,
             "sigterm": "SIGTERM"},
+    "rainbow": {"after-rename": "checkpoint.after_rename:2"},
 }
 
 

@@ -6,8 +6,9 @@ to SB3's constructor, the hidden MLPs its policy builds (roles, with their input
 being trained and the probe adapter that builds its per-sample losses. Its per-env defaults are in
 ``agents/hyperparams/<name>.yml``.
 
-Algorithms with loops of their own (Rainbow, the population engine, class-incremental learners) are declared with
-:class:`agents.algorithm.Algorithm` instead.
+Rainbow (:mod:`agents.rl.rainbow`) is our own algorithm on SB3's off-policy loop, declared here like the others so
+that it shares the run folder, log, signals, divergence handling and resume. Algorithms with loops of their own (the
+population engine, class-incremental learners) are declared with :class:`agents.algorithm.Algorithm` instead.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from torch import nn
 from probes.sb3 import dqn_context, ppo_context, sac_context
 
 from .dqn import PaperDQN
-from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy
-from .settings import DQNSettings, PPOSettings, SACSettings
+from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy, MinAtarConv
+from .rainbow import NatureConv, Rainbow, RainbowPolicy, rainbow_context
+from .settings import DQNSettings, PPOSettings, RainbowSettings, SACSettings
 
 __all__ = ["RLAlgo", "ALGOS", "get_algo"]
 
@@ -49,6 +51,8 @@ class RLAlgo:
         a list or a mapping of roles for several.
     online: the networks being trained (targets excluded), whose parameters a run counts.
     probe_context: ``(model, rng) -> ProbeContext fields`` (model, per-sample losses, sampler; :mod:`probes.sb3`).
+    network: ``(config, policy_kwargs) -> policy_kwargs`` where the algorithm builds its network differently from
+        the default (hidden MLPs per role; for images a features extractor holding the activation layer).
     """
 
     name: str
@@ -64,6 +68,7 @@ class RLAlgo:
     online: Callable[[Any], list[nn.Module]]
     probe_context: Callable[[Any, np.random.Generator], dict[str, Any]]
     required: tuple[str, ...] = ()
+    network: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]] | None = None
 
 
 DQN = RLAlgo(
@@ -78,6 +83,36 @@ DQN = RLAlgo(
     roles={"q": lambda f, n: (f, n)},
     online=lambda model: [model.q_net],
     probe_context=dqn_context,
+)
+
+RAINBOW_KEYS = ("noisy", "noisy_std", "distributional", "n_atoms", "v_min", "v_max", "dueling", "double_q",
+                "prioritized", "per_alpha", "per_beta0", "per_beta_steps", "per_eps", "probe_noise")
+
+
+def _rainbow_network(config: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Rainbow's trunk carries no activation layer: for images it is the convolutions alone and each stream gets
+    the ``features_dim``-unit layer with the activation (the paper's 512-unit layer of both dueling streams)."""
+    derived = config["derived"]
+    if derived["cnn"]:
+        minatar = derived.get("trunk") == "minatar"
+        kwargs = {k: v for k, v in kwargs.items() if k != "features_extractor_kwargs"}
+        kwargs["features_extractor_class"] = MinAtarConv if minatar else NatureConv
+        kwargs["net_arch"] = [derived["features"]]
+    return kwargs
+
+
+RAINBOW = RLAlgo(
+    name="rainbow",
+    help="our Rainbow (noisy nets, C51, prioritized n-step replay, dueling, double Q; each a setting) with a chosen "
+         "activation on both streams' penultimate layer",
+    model=Rainbow, policy=RainbowPolicy, default_env="CartPole-v1",
+    actions=(spaces.Discrete,), actions_text="needs discrete actions",
+    settings=RainbowSettings,
+    sb3_keys=(*DQN.sb3_keys, *RAINBOW_KEYS),
+    roles={"q": lambda f, n: (f, n)},
+    online=lambda model: [model.q_net],
+    probe_context=rainbow_context,
+    network=_rainbow_network,
 )
 
 PPO_ALGO = RLAlgo(
@@ -107,7 +142,7 @@ SAC_ALGO = RLAlgo(
     probe_context=sac_context,
 )
 
-ALGOS: dict[str, RLAlgo] = {a.name: a for a in (DQN, PPO_ALGO, SAC_ALGO)}
+ALGOS: dict[str, RLAlgo] = {a.name: a for a in (DQN, RAINBOW, PPO_ALGO, SAC_ALGO)}
 
 
 def get_algo(name: str) -> RLAlgo:

@@ -1,4 +1,4 @@
-"""``python -m agents.train {dqn,ppo,sac}``: the RL commands (the :class:`agents.commands.Command` protocol), one per
+"""``python -m agents.train {dqn,rainbow,ppo,sac}``: the RL commands (the :class:`agents.commands.Command` protocol), one per
 declaration in :mod:`agents.rl.algos`."""
 
 from __future__ import annotations

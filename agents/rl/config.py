@@ -2,7 +2,7 @@
 
 Resolution, later wins::
 
-    agents/hyperparams/<algo>.yml: `default` <- `atari` (ALE ids) <- the env's entry
+    agents/hyperparams/<algo>.yml: `default` <- `atari` (ALE ids) or `minatar` (MinAtar ids) <- the env's entry
     <- --config FILE <- flags (and --set KEY=VALUE)
 
 A resolved config is a flat dict (written to the run's ``config.yaml``; such a file works as ``--config`` again):
@@ -31,8 +31,8 @@ from interference.activation_spec import activation_names, activation_spec
 from . import checks as c
 from .algos import ALGOS
 from .derive import derive
-from .envs import check_env_id, is_atari
-from .settings import OPTIMIZERS, DQNSettings, PPOSettings, SACSettings, checks
+from .envs import check_env_id, is_atari, is_minatar
+from .settings import OPTIMIZERS, DQNSettings, PPOSettings, RainbowSettings, SACSettings, checks
 
 __all__ = ["ALIASES", "act_args", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
 
@@ -43,7 +43,7 @@ ALIASES = {"lr": "learning_rate", "steps": "n_timesteps", "hidden": "net_arch", 
 #: activation arguments are settable as flags (--d, --a, --k, ...); they go into ``act_kwargs``
 #: flag and setting names an activation argument may not take over (such an argument is set with
 #: --set act_kwargs="{name: value}" instead)
-RESERVED = frozenset({*ALIASES, *checks(SACSettings), *checks(DQNSettings), *checks(PPOSettings), "config", "set",
+RESERVED = frozenset({*ALIASES, *checks(SACSettings), *checks(RainbowSettings), *checks(PPOSettings), "config", "set",
                       "out", "import"})
 
 
@@ -169,7 +169,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     if (msg := check_env_id(env)) is not None:
         raise ConfigError(msg)
     table = hyperparams(algo)
-    names = ["default", *(["atari"] if is_atari(env) else []), env]
+    names = ["default", *(["atari"] if is_atari(env) else []), *(["minatar"] if is_minatar(env) else []), env]
     layers = [table.get(name) or {} for name in names]
     for name, layer in zip(names, layers):
         unknown = sorted(set(layer) - set(_checks(algo)))

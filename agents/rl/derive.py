@@ -15,8 +15,8 @@ from agents.commands import ConfigError
 from interference.activation_spec import activation_spec
 from interference.nets import match_width
 
-from .envs import env_spaces
-from .policies import cnn_flat_features
+from .envs import env_spaces, is_minatar
+from .policies import cnn_flat_features, minatar_flat_features
 
 if TYPE_CHECKING:
     from .algos import RLAlgo
@@ -43,7 +43,8 @@ def _match(act: str, act_kwargs: Mapping[str, Any], layer_norm: bool, in_feature
 
 def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
     """Spaces and the hidden widths actually built for algorithm ``spec`` (an :class:`agents.rl.algos.RLAlgo`),
-    width-matched by parameter count when the config asks; sets ``features_dim`` for image observations."""
+    width-matched by parameter count when the config asks; sets ``features_dim`` for image observations (the Nature
+    CNN's 512-unit layer; MinAtar: 128 after its 16-channel convolution, ``derived["trunk"] = "minatar"``)."""
     algo = spec.name
     env_kw = {k: config[k] for k in ("env_kwargs", "max_episode_steps", "frame_stack", "atari_wrapper_kwargs")
               if k in config}
@@ -53,7 +54,8 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"cannot create {config['env']} with {env_kw}: {type(err).__name__}: {err}") from None
     if not isinstance(action_space, spec.actions):
         raise ConfigError(f"{algo} {spec.actions_text}; {config['env']} has {action_space}")
-    cnn = is_image_space(obs_space, check_channels=False)
+    minatar = is_minatar(config["env"])  # boolean (H, W, C) grids: MinAtar's own small convolution
+    cnn = minatar or is_image_space(obs_space, check_channels=False)
     act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
     net = (act, act_kwargs, config["layer_norm"])
     n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))
@@ -63,9 +65,11 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
         "action_space": f"Discrete({n_out})" if isinstance(action_space, spaces.Discrete) else f"Box({n_out})",
         "cnn": bool(cnn),
     }
+    if minatar:
+        derived["trunk"] = "minatar"  # (absent: the Nature CNN for images)
     if cnn:
-        features = config.setdefault("features_dim", 512)
-        n_flat = cnn_flat_features(obs_space.shape)
+        features = config.setdefault("features_dim", 128 if minatar else 512)
+        n_flat = (minatar_flat_features if minatar else cnn_flat_features)(obs_space.shape)
         feat = _match(*net, n_flat, n_out, [features]) if match else [features]
         derived["features"] = feat[0]
         try:

@@ -1,8 +1,12 @@
-"""Environments for the RL commands: Gymnasium ids, the PLE ports and ALE Atari games.
+"""Environments for the RL commands: Gymnasium ids, the PLE ports, MinAtar games and ALE Atari games.
 
 * Gymnasium ids (``MountainCar-v0``, ``CartPole-v1``, ...) and the PLE ports (``Catcher-PLE-v0``,
   ``Pixelcopter-PLE-v0``, registered by :mod:`agents.envs`) are wrapped in SB3's ``Monitor``; ``max_episode_steps``
   replaces the registered time limit.
+* MinAtar ids (``MinAtar/Breakout-v1``, ``MinAtar/SpaceInvaders-v1``, ...; the ``minatar`` extra): 10x10 games with
+  boolean channel-last observations ``(10, 10, C)``, sticky actions (probability 0.1) and difficulty ramping on (the
+  package's defaults, settable with ``env_kwargs``); ``-v1`` ids use the game's minimal action set, ``-v0`` all 6.
+  No time limit unless ``max_episode_steps`` sets one. Registered here from the package's own registration.
 * ALE ids (``ALE/Amidar-v5``, ``AmidarNoFrameskip-v4``, ...) use ale-py's bundled ROMs and SB3's Atari pre-processing
   (``AtariWrapper``: no-op reset, frame skip 4 with max-pooling, 84x84 grey frames, life loss as episode end,
   reward clipping; OpenCV does the frame warp) plus
@@ -14,6 +18,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -30,7 +35,35 @@ import agents.envs  # noqa: F401  (registers Catcher-PLE-v0 and Pixelcopter-PLE-
 
 gym.register_envs(ale_py)
 
-__all__ = ["is_atari", "check_env_id", "make_env", "env_spaces"]
+__all__ = ["is_atari", "is_minatar", "check_env_id", "make_env", "env_spaces", "MINATAR_MISSING"]
+
+MINATAR_MISSING = "MinAtar is not installed: pip install -e '.[minatar]' (PyPI package minatar)"
+
+
+#: MinAtar's games; their ids are registered here as the package registers them (``minatar.gym.register_envs``),
+#: without importing it: it imports seaborn and pandas (~3 s), paid only by runs that make a MinAtar env
+MINATAR_GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
+
+
+def _register_minatar() -> bool:
+    """Register ``MinAtar/<Game>-v0`` (all 6 actions) and ``-v1`` (minimal action set) if the package is installed."""
+    if importlib.util.find_spec("minatar") is None:
+        return False
+    for game in MINATAR_GAMES:
+        name = game.title().replace("_", "")
+        for version, minimal in (("v0", False), ("v1", True)):
+            if f"MinAtar/{name}-{version}" not in gym.registry:
+                gym.register(f"MinAtar/{name}-{version}", entry_point="minatar.gym:BaseEnv",
+                             kwargs={"game": game, "use_minimal_action_set": minimal})
+    return True
+
+
+HAS_MINATAR = _register_minatar()
+
+
+def is_minatar(env_id: str) -> bool:
+    """Whether ``env_id`` names a MinAtar game (``MinAtar/...``)."""
+    return env_id.startswith("MinAtar/")
 
 
 def is_atari(env_id: str) -> bool:
@@ -44,10 +77,13 @@ def check_env_id(env_id: str) -> str | None:
     """``None`` if ``env_id`` is registered, else a message with close matches."""
     if env_id in gym.registry:
         return None
+    if is_minatar(env_id) and not HAS_MINATAR:
+        return f"{env_id}: {MINATAR_MISSING}"
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return (f"unknown environment {env_id!r}{hint} (Gymnasium ids such as MountainCar-v0, the PLE ports "
-            f"Catcher-PLE-v0 and Pixelcopter-PLE-v0, or Atari ids such as ALE/Amidar-v5)")
+            f"Catcher-PLE-v0 and Pixelcopter-PLE-v0, MinAtar ids such as MinAtar/Breakout-v1, or Atari ids such as "
+            f"ALE/Amidar-v5)")
 
 
 def _atari_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:

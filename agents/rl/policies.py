@@ -16,8 +16,8 @@ zeroes every bias): each hidden Linear that needs spread biases is tagged with `
 :func:`reapply_spread_bias` restores them.
 
 Policies: :class:`ActDQNPolicy` (DQN), :class:`ActActorCriticPolicy` (PPO/A2C), :class:`ActSACPolicy` (SAC);
-features extractor :class:`ActNatureCNN` (Nature-DQN convolutions with ReLU, the 512-unit layer with the
-chosen activation).
+features extractors :class:`ActNatureCNN` (Nature-DQN convolutions with ReLU, the 512-unit layer with the
+chosen activation) and :class:`ActMinAtarCNN` (MinAtar's 16-channel convolution, a 128-unit layer with it).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from interference.nets import hidden_layer, spread_bias_
 __all__ = [
     "ActNatureCNN", "ActMlpExtractor", "ActQNetwork", "ActDQNPolicy", "ActActorCriticPolicy", "ActActor",
     "ActCritic", "ActSACPolicy", "act_blocks", "reapply_spread_bias", "cnn_flat_features", "SPREAD_ATTR",
+    "MinAtarConv", "ActMinAtarCNN", "minatar_flat_features",
 ]
 
 SPREAD_ATTR = "spread_sigma_bias"  # tag on a hidden nn.Linear whose bias follows the paper's spread init
@@ -129,6 +130,45 @@ class ActNatureCNN(BaseFeaturesExtractor):
 
     def forward(self, observations: th.Tensor) -> th.Tensor:
         return self.linear(self.cnn(observations))
+
+
+def minatar_flat_features(observation_shape: Sequence[int]) -> int:
+    """Flattened width after MinAtar's convolution (16 channels, 3x3, no padding) for an ``(H, W, C)`` observation."""
+    h, w, _ = observation_shape
+    return 16 * (h - 2) * (w - 2)
+
+
+class MinAtarConv(BaseFeaturesExtractor):
+    """MinAtar's convolution on boolean channel-last ``(H, W, C)`` observations: ``Conv2d(C, 16, 3)`` -> ReLU ->
+    flatten (``16 (H-2) (W-2)`` features; 1024 for the 10x10 games). The trunk of Rainbow on MinAtar."""
+
+    def __init__(self, observation_space: gym.Space) -> None:
+        if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 3:
+            raise ValueError(f"MinAtarConv needs (H, W, C) observations, got {observation_space}")
+        super().__init__(observation_space, minatar_flat_features(observation_space.shape))
+        self.cnn = nn.Sequential(nn.Conv2d(observation_space.shape[2], 16, kernel_size=3, stride=1), nn.ReLU(),
+                                 nn.Flatten())
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        return self.cnn(observations.permute(0, 3, 1, 2).float())
+
+
+class ActMinAtarCNN(BaseFeaturesExtractor):
+    """MinAtar's baseline network up to its last hidden layer: :class:`MinAtarConv`, then one ``features_dim``-unit
+    hidden block (default 128) with the chosen activation, its LayerNorm and bias spread (the DQN of MinAtar runs)."""
+
+    def __init__(self, observation_space: gym.Space, features_dim: int = 128, activation: str = "relu",
+                 act_kwargs: Mapping[str, Any] | None = None, layer_norm: bool | None = None,
+                 sigma_bias: float | None = None) -> None:
+        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
+        conv = MinAtarConv(observation_space)
+        block, width = act_blocks(conv.features_dim, [features_dim], **spec)
+        super().__init__(observation_space, width)
+        self.conv = conv
+        self.linear = nn.Sequential(*block)
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        return self.linear(self.conv(observations))
 
 
 # --- DQN ------------------------------------------------------------------------------------------------

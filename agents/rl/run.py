@@ -36,7 +36,7 @@ from .callbacks import RunCallback, final_return, stop_on_signals
 from .checkpoint import CHECKPOINT, CheckpointError, Checkpointer, check_picklable, read_checkpoint, restore_model
 from .config import algo_kwargs
 from .envs import make_env
-from .policies import ActNatureCNN
+from .policies import ActMinAtarCNN, ActNatureCNN
 from .settings import OPTIMIZERS
 
 __all__ = ["build_env", "build_model", "online_parameters", "train", "checkpoint_every", "RUN_FILES"]
@@ -65,11 +65,12 @@ def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
                               "optimizer_class": OPTIMIZERS[config["optimizer"]],
                               "optimizer_kwargs": dict(config["optimizer_kwargs"])}
     if derived["cnn"]:
-        kwargs["features_extractor_class"] = ActNatureCNN
+        kwargs["features_extractor_class"] = ActMinAtarCNN if derived.get("trunk") == "minatar" else ActNatureCNN
         kwargs["features_extractor_kwargs"] = {"features_dim": derived["features"], **spec}
     hidden = derived["hidden"]
     kwargs["net_arch"] = next(iter(hidden.values())) if len(hidden) == 1 else dict(hidden)  # one role: a list
-    return kwargs
+    network = ALGOS[config["algo"]].network
+    return kwargs if network is None else network(config, kwargs)
 
 
 def build_model(config: Mapping[str, Any], env: VecEnv | None = None) -> BaseAlgorithm:

@@ -1,7 +1,7 @@
 """The RL config schema: every setting a config may hold, typed, checked and explained, as dataclasses.
 
 :class:`Common` holds the settings of every algorithm; each algorithm declares its own in a subclass
-(:class:`DQNSettings`, :class:`PPOSettings`, :class:`SACSettings`, named by :mod:`agents.rl.algos`). A field's type
+(:class:`DQNSettings`, :class:`RainbowSettings`, :class:`PPOSettings`, :class:`SACSettings`, named by :mod:`agents.rl.algos`). A field's type
 annotation is the value's type, its ``metadata`` the check (:mod:`agents.rl.checks`) and a help line. Fields have
 no defaults here: a config holds the keys its YAML layers, file and flags set (defaults live in
 ``agents/hyperparams/<algo>.yml``), and resolution (:mod:`agents.rl.config`) checks each one against the schema.
@@ -21,7 +21,7 @@ import torch
 
 from . import checks as c
 
-__all__ = ["OPTIMIZERS", "Common", "DQNSettings", "PPOSettings", "SACSettings", "OffPolicy", "checks", "describe"]
+__all__ = ["OPTIMIZERS", "Common", "DQNSettings", "RainbowSettings", "PPOSettings", "SACSettings", "OffPolicy", "checks", "describe"]
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop, "sgd": torch.optim.SGD}
 
@@ -96,6 +96,25 @@ class DQNSettings(OffPolicy):
     exploration_fraction: float = _s(c.real(0.0, 1.0, open_lo=True), "fraction of the run the epsilon decay takes")
     td_loss: str = _s(c.choice("mse", "huber"), "TD loss")
     n_steps: int = _s(c.integer(1), "n-step returns")
+
+
+@dataclass
+class RainbowSettings(DQNSettings):
+    noisy: bool = _s(c.boolean(), "factorised noisy linear layers in the heads")
+    noisy_std: float = _s(c.real(0.0), "initial noise scale of the noisy layers (sigma_0)")
+    distributional: bool = _s(c.boolean(), "C51 return distributions (false: Q-values with td_loss)")
+    n_atoms: int = _s(c.integer(2), "atoms of the return distribution")
+    v_min: float = _s(c.real(), "smallest atom")
+    v_max: float = _s(c.real(), "largest atom")
+    dueling: bool = _s(c.boolean(), "dueling value and advantage streams")
+    double_q: bool = _s(c.boolean(), "double-Q target selection (online network picks, target evaluates)")
+    prioritized: bool = _s(c.boolean(), "proportional prioritized replay (one env)")
+    per_alpha: float = _s(c.real(0.0), "priority exponent alpha")
+    per_beta0: float = _s(c.real(0.0, 1.0), "initial importance-sampling exponent beta (annealed to 1)")
+    per_beta_steps: int = _s(c.integer(1), "env steps over which beta reaches 1")
+    per_eps: float = _s(c.real(0.0, open_lo=True), "added to the loss before it becomes a priority")
+    probe_noise: str = _s(c.choice("mean", "fixed"), "what probes see of noisy layers: the mean weights, or one "
+                                                       "fixed noise sample per run")
 
 
 @dataclass
