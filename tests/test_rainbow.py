@@ -268,3 +268,51 @@ def test_probes_see_the_mean_network_or_one_fixed_sample():
     mean = rainbow_context(algo, rng)["model"](x).detach()
     set_noise(algo.q_net, False)
     assert torch.equal(mean, algo.q_net(x).detach()) and not torch.equal(mean, first)
+
+
+# --- MinAtar ----------------------------------------------------------------------------------------------
+
+
+def test_minatar_envs_and_both_agents_with_the_report(tmp_path):
+    """MinAtar's boolean (10, 10, C) grids through DQN (SB3, our conv extractor) and Rainbow, then the MinAtar
+    report: learning curves, the table with the random baseline, the sensitivity figure."""
+    from agents.commands import get_command
+    from agents.rl.envs import env_spaces
+    from agents.rl.run import train
+    from reports.minatar import main as report
+
+    obs, act = env_spaces("MinAtar/Breakout-v1")
+    assert obs.shape == (10, 10, 4) and obs.dtype == bool and act.n == 3  # v1: the minimal action set
+    runs = [("dqn", "elephant", {}, 0), ("dqn", "elephant", {}, 1), ("dqn", "relu", {}, 0), ("dqn", "relu", {}, 1),
+            ("dqn", "elephant", {"a": 0.4}, 0), ("rainbow", "elephant", {}, 0)]
+    for algo, activation, extra, seed in runs:
+        cmd = get_command(algo)
+        config = cmd.make_config({"env": "MinAtar/Breakout-v1", "act": activation, "steps": 300, "seed": seed,
+                                  "set": ["learning_starts=100", "exploration_steps=100", "buffer_size=1000",
+                                          "features_dim=16"], "probe": "plasticity", "probe_every": 150,
+                                  "probe_inputs": 8, "checkpoint_every": 0, "progress": False, **extra})
+        assert config["derived"]["trunk"] == "minatar"
+        assert train(config, cmd.run_dir(config, tmp_path / "runs"))["status"] == "finished"
+    assert report([str(tmp_path / "runs"), "-o", str(tmp_path / "report"), "--random-episodes", "5"]) == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "above random + 3 SE" in page and "Sensitivity on MinAtar/Breakout-v1" in page
+    assert (tmp_path / "report" / "sensitivity_MinAtar-Breakout-v1.png").exists()
+    assert (tmp_path / "report" / "rainbow_MinAtar-Breakout-v1.png").exists()
+
+
+def test_our_minatar_ids_are_the_packages_own_registration(monkeypatch):
+    """agents.rl.envs registers MinAtar's ids without importing the package (it imports seaborn and pandas);
+    they must be exactly what ``minatar.gym.register_envs`` registers."""
+    import gymnasium as gym
+    import minatar.gym
+
+    import agents.rl.envs  # noqa: F401
+
+    calls = []
+    monkeypatch.setattr(minatar.gym, "register", lambda id, entry_point, kwargs: calls.append((id, entry_point,
+                                                                                             kwargs)))
+    minatar.gym.register_envs()
+    assert len(calls) == 10
+    for env_id, entry_point, kwargs in calls:
+        spec = gym.spec(env_id)
+        assert (spec.entry_point, spec.kwargs) == (entry_point, kwargs)

@@ -1,0 +1,252 @@
+"""The MinAtar study (issue 16): DQN and Rainbow with Elephant vs ReLU per game, against a random policy measured
+here, and the paper's sensitivity figure on Elephant's a and d.
+
+    python -m reports.minatar RUNS_DIR [MORE ...] -o OUT/ [--random-episodes 100]
+
+Runs are grouped by algorithm, game, activation and the rest of their config (the seed aside). Final return = mean
+episode return over the last 10% of a run's episodes (training episodes, epsilon-greedy; as the classic study);
+a group shows mean ± standard error over seeds (std with ddof=1 / sqrt(n)). The random baseline is a uniformly
+random policy on the same env id and env settings (MinAtar's sticky actions and difficulty ramping), run for
+``--random-episodes`` episodes from seed 0 when the report is built: mean ± SE over episodes. A group is "above
+random" when its mean exceeds the random mean by more than 3 combined standard errors
+(``3 sqrt(SE_agent^2 + SE_random^2)``). Env steps per second come from each run's ``summary.json`` (wall time of
+the whole run, random steps and updates included) when it is there.
+
+The sensitivity figure takes the Elephant DQN runs that differ in ``act_kwargs.a`` / ``act_kwargs.d`` only, and the
+ReLU DQN runs of the same env and budget as the reference line (mean ± SE band).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from probes.runlog import Run, RunLogError
+
+from .cli import OutputDirError, load_runs, output_dir, warn
+from .data import config_key, final_return, finished, learning_curve
+from .html import Table, write_index
+from .plots import activation_color, mean_curves, save
+
+__all__ = ["Group", "groups", "random_baseline", "sensitivity_figure", "main"]
+
+ALGOS = ("dqn", "rainbow")
+
+
+@dataclass
+class Group:
+    """Runs of one configuration (all seeds): their final returns and speeds."""
+
+    algo: str
+    env: str
+    act: str
+    key: str
+    config: dict
+    runs: list[Run]
+
+    @property
+    def finals(self) -> np.ndarray:
+        return np.array([final_return(r) for r in self.runs])
+
+    @property
+    def mean(self) -> float:
+        return float(self.finals.mean())
+
+    @property
+    def sem(self) -> float:
+        f = self.finals
+        return float(f.std(ddof=1) / math.sqrt(len(f))) if len(f) > 1 else math.nan
+
+    @property
+    def steps_per_second(self) -> float:
+        speeds = []
+        for r in self.runs:
+            try:
+                speeds.append(json.loads((Path(r.path).parent / "summary.json").read_text())["steps_per_second"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        return float(np.mean(speeds)) if speeds else math.nan
+
+    @property
+    def act_kwargs(self) -> dict:
+        return dict(self.config.get("act_kwargs") or {})
+
+
+def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
+    """Finished DQN/Rainbow runs on MinAtar ids with episodes, grouped by config except the seed; a warning line
+    per MinAtar run left out."""
+    found: dict[str, Group] = {}
+    warnings = []
+    for run in sorted(runs, key=lambda r: r.path):
+        c = run.config
+        if c.get("algo") not in ALGOS or not str(c.get("env", "")).startswith("MinAtar/"):
+            continue
+        if not finished(run):
+            warnings.append(f"{run.path}: unfinished run; left out")
+            continue
+        if len(run.scalars.get("episode_return", ((), ()))[1]) == 0:
+            warnings.append(f"{run.path}: no episodes recorded; left out")
+            continue
+        key = config_key(c)
+        group = found.setdefault(key, Group(c["algo"], c["env"], c["act"], key, c, []))
+        if any(r.seed == run.seed for r in group.runs):
+            warnings.append(f"{run.path}: same config and seed {run.seed} as another run; counted once")
+            continue
+        group.runs.append(run)
+    return list(found.values()), warnings
+
+
+def random_baseline(env_id: str, episodes: int, env_kwargs: Mapping | None = None,
+                    max_episode_steps: int | None = None) -> tuple[float, float]:
+    """Mean and standard error of the return of a uniformly random policy over ``episodes`` episodes (seed 0)."""
+    from agents.rl.envs import make_env
+
+    env = make_env(env_id, n_envs=1, seed=0, env_kwargs=env_kwargs, max_episode_steps=max_episode_steps)
+    env.action_space.seed(0)
+    returns: list[float] = []
+    env.reset()
+    while len(returns) < episodes:
+        _, _, done, infos = env.step(np.array([env.action_space.sample()]))
+        if done[0]:
+            returns.append(float(infos[0]["episode"]["r"]))
+    env.close()
+    r = np.array(returns)
+    return float(r.mean()), float(r.std(ddof=1) / math.sqrt(len(r)))
+
+
+def _main_groups(all_groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
+    """Per (algo, env): the groups at the activation's default arguments (the sensitivity points aside)."""
+    by: dict[tuple[str, str], list[Group]] = defaultdict(list)
+    for g in all_groups:
+        by[(g.algo, g.env)].append(g)
+    out = {}
+    for k, gs in by.items():
+        # the most seeds first: the main comparison has 3 seeds, sensitivity points 2
+        best: dict[str, Group] = {}
+        for g in sorted(gs, key=lambda g: -len(g.runs)):
+            if g.act not in best and not _is_sensitivity_point(g, gs):
+                best[g.act] = g
+        out[k] = sorted(best.values(), key=lambda g: g.act)
+    return out
+
+
+def _is_sensitivity_point(g: Group, same: Sequence[Group]) -> bool:
+    """An Elephant group whose a or d differ from the most-seeded Elephant group of its algo and env."""
+    if g.act != "elephant":
+        return False
+    ref = max((x for x in same if x.act == "elephant"), key=lambda x: len(x.runs))
+    return g is not ref and (g.act_kwargs.get("a"), g.act_kwargs.get("d")) != (ref.act_kwargs.get("a"),
+                                                                               ref.act_kwargs.get("d"))
+
+
+def sensitivity_figure(all_groups: Sequence[Group], env: str) -> Figure | None:
+    """Final return against Elephant's ``a`` (log scale), one line per ``d``, DQN on ``env``; ReLU as a line with
+    its ± SE band. ``None`` if fewer than two values of ``a`` were run."""
+    ele = [g for g in all_groups if g.algo == "dqn" and g.env == env and g.act == "elephant"]
+    a_values = sorted({g.act_kwargs.get("a") for g in ele})
+    if len(a_values) < 2:
+        return None
+    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for i, d in enumerate(sorted({g.act_kwargs.get("d") for g in ele})):
+        pts = sorted((g.act_kwargs["a"], g.mean, g.sem, len(g.runs)) for g in ele if g.act_kwargs.get("d") == d)
+        a, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
+        ax.errorbar(a, m, yerr=np.nan_to_num(s), marker="o", capsize=3, color=f"C{i}",
+                    label=f"Elephant d={d} (n={int(n.min())})")
+    relu = [g for g in all_groups if g.algo == "dqn" and g.env == env and g.act == "relu"]
+    if relu:
+        g = max(relu, key=lambda g: len(g.runs))
+        ax.axhline(g.mean, color=activation_color("relu"), ls="--", label=f"ReLU (n={len(g.runs)})")
+        ax.axhspan(g.mean - np.nan_to_num(g.sem), g.mean + np.nan_to_num(g.sem), color=activation_color("relu"),
+                   alpha=0.15, lw=0)
+    ax.set_xscale("log")
+    ax.set_xticks(a_values, [f"{a:g}" for a in a_values])
+    ax.set_xlabel("Elephant a")
+    ax.set_ylabel("final return (last 10% of episodes)")
+    ax.set_title(f"DQN on {env}: sensitivity to a and d (mean ± SE over seeds)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _fmt(mean: float, sem: float) -> str:
+    return f"{mean:.2f} ± {sem:.2f}" if math.isfinite(sem) else f"{mean:.2f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
+    parser = argparse.ArgumentParser(prog="python -m reports.minatar", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run logs or directories of them")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--random-episodes", type=int, default=100, help="episodes of the random baseline")
+    args = parser.parse_args(argv)
+    try:
+        found, warnings = groups(load_runs(args.paths))
+        for message in warnings:
+            warn(message)
+        if not found:
+            raise RunLogError(f"no finished DQN or Rainbow runs on MinAtar under {', '.join(map(str, args.paths))}")
+        out = output_dir(args.out)
+    except (RunLogError, OutputDirError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    main_groups = _main_groups(found)
+    envs = sorted({env for _, env in main_groups})
+    random = {}
+    for env in envs:
+        c = next(g.config for (_, e), gs in main_groups.items() if e == env for g in gs)
+        random[env] = random_baseline(env, args.random_episodes, c.get("env_kwargs"), c.get("max_episode_steps"))
+    rows, parts = [], []
+    for (algo, env), gs in sorted(main_groups.items()):
+        r_mean, r_sem = random[env]
+        for g in gs:
+            margin = g.mean - r_mean - 3 * math.sqrt(np.nan_to_num(g.sem) ** 2 + r_sem ** 2)
+            rows.append([algo, env, g.act, _fmt(g.mean, g.sem), str(len(g.runs)), _fmt(r_mean, r_sem),
+                         "yes" if margin > 0 else "no", f"{g.steps_per_second:.0f}",
+                         f"{int(g.config['n_timesteps']):,}"])
+        curves = {g.act: learning_curve(g.runs, window=20) for g in gs}
+        colors = {g.act: activation_color(g.act) for g in gs}
+        name = f"{algo}_{env.replace('/', '-')}.png"
+        save(mean_curves({"episode return (last 20 episodes)": {k: v for k, v in curves.items() if v is not None}},
+                         title=f"{algo.upper() if algo == 'dqn' else 'Rainbow'} on {env}: mean ± SE over seeds",
+                         colors=colors, xlabel="env step"), out / name)
+        parts.append((f"{'DQN' if algo == 'dqn' else 'Rainbow'} on {env}", name))
+    columns = ["agent", "env", "activation", "final return", "seeds", "random policy", "above random + 3 SE",
+               "env steps/s", "steps per run"]
+    tables = [Table("Final return (last 10% of training episodes; mean ± SE over seeds)", columns, rows)]
+    sections = {"Learning curves": [(f"{title}: episode return (trailing mean of 20 episodes)", src)
+                                    for title, src in parts]}
+    notes = [f"Random policy: {args.random_episodes} episodes per game from seed 0, measured when this page was "
+             "built (mean ± SE over episodes). 'Above random + 3 SE': agent mean > random mean + 3 sqrt(SE_agent^2 "
+             "+ SE_random^2). Env steps/s: whole runs on one core (random steps, updates and checkpoints included)."]
+    for env in envs:
+        fig = sensitivity_figure(found, env)
+        if fig is not None:
+            name = f"sensitivity_{env.replace('/', '-')}.png"
+            save(fig, out / name)
+            sections.setdefault("Sensitivity to Elephant's a and d (DQN)", []).append(
+                (f"{env}: final return against a, one line per d; ReLU dashed with its ± SE band", name))
+            sens_rows = sorted(((g.act_kwargs.get("a"), g.act_kwargs.get("d"), g) for g in found
+                                if g.algo == "dqn" and g.env == env and g.act == "elephant"),
+                               key=lambda t: (t[1], t[0]))
+            tables.append(Table(f"Sensitivity on {env} (DQN, Elephant; mean ± SE over seeds)",
+                                ["d", "a", "final return", "seeds"],
+                                [[str(d), f"{a:g}", _fmt(g.mean, g.sem), str(len(g.runs))] for a, d, g in sens_rows]))
+    index = write_index(out, "MinAtar: DQN and Rainbow, Elephant vs ReLU", tables, sections, notes=notes)
+    for row in rows:
+        print("  ".join(row))
+    print(index)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
