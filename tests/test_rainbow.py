@@ -116,6 +116,38 @@ def test_importance_weights_follow_the_formula_on_the_whole_buffer():
     assert buf.tree[np.array([6])][0] == pytest.approx((3.0 + 0.01) ** 0.7)
 
 
+def test_prioritized_samples_are_normalised_like_uniform_ones():
+    """With VecNormalize (normalize_obs / normalize_reward) the prioritized path normalises as SB3's sample does."""
+
+    class Normalise:
+        def normalize_obs(self, obs):
+            return obs * 2.0
+
+        def normalize_reward(self, reward):
+            return reward * 3.0
+
+    buf = _buffer(8)
+    _fill(buf, [1.0, 2.0, 4.0])
+    np.random.seed(1)
+    samples, slots, _ = buf.sample_prioritized(16, beta=0.4, env=Normalise())
+    assert torch.equal(samples.observations.flatten(), torch.as_tensor(2.0 * slots, dtype=torch.float32))
+    assert torch.equal(samples.rewards.flatten(), torch.as_tensor([3.0 * [1.0, 2.0, 4.0][s] for s in slots]))
+
+
+def test_without_c51_priorities_follow_the_absolute_td_error():
+    """PER's priority is |delta| (then ^alpha), not the squared TD loss."""
+    from agents.rl.rainbow import Batch
+
+    algo = Rainbow.__new__(Rainbow)
+    algo.distributional = False
+    batch = Batch(torch.zeros(3, 3), torch.tensor([0, 1, 0]), torch.tensor([1.0, 3.0, 9.0]))
+    q = _FixedQ([[2.0, 0.0], [0.0, 1.0], [5.0, 0.0]])
+    for loss, expected in (("mse", [1.0, 4.0, 16.0]), ("huber", [0.5, 1.5, 3.5])):
+        algo.td_loss = loss
+        values, priority = algo._losses(q, batch)
+        assert values.tolist() == expected and priority.tolist() == [1.0, 2.0, 4.0]
+
+
 # --- n-step returns -------------------------------------------------------------------------------------
 
 

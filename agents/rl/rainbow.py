@@ -9,7 +9,8 @@ Every component is a setting, so that "Rainbow with everything off" is a plain D
   distribution on ``n_atoms`` evenly spaced atoms, the target projected onto them (:func:`project`), the loss the
   cross-entropy of the projected target. Off: Q-values with the TD loss ``td_loss`` (``mse`` or ``huber``).
 * ``prioritized`` / ``per_alpha`` / ``per_beta0`` / ``per_beta_steps`` / ``per_eps``: proportional prioritized
-  replay on a sum tree (:class:`SumTree`, :class:`PrioritizedReplayBuffer`), priorities ``(loss + eps)^alpha``,
+  replay on a sum tree (:class:`SumTree`, :class:`PrioritizedReplayBuffer`), priorities ``(x + eps)^alpha`` with
+  ``x`` the per-sample cross-entropy (C51) or ``|TD error|``,
   importance weights ``(N P(i))^-beta`` normalised by the largest possible one, beta annealed linearly from
   ``per_beta0`` to 1 over ``per_beta_steps`` env steps.
 * ``n_steps``: n-step returns (SB3's :class:`NStepReplayBuffer` logic, which cuts the window at a termination, with
@@ -170,7 +171,7 @@ class PrioritizedReplayBuffer(NStepReplayBuffer):
         total = self.tree.total
         probs = self.tree[slots] / total
         weights = (n * probs) ** (-beta) / (n * self.tree.min() / total) ** (-beta)
-        return self._get_samples(slots), slots, weights.astype(np.float32)
+        return self._get_samples(slots, env=env), slots, weights.astype(np.float32)
 
     def update_priorities(self, slots: np.ndarray, losses: np.ndarray) -> None:
         priority = np.abs(np.asarray(losses, dtype=np.float64)) + self.eps
@@ -336,24 +337,27 @@ class Rainbow(PaperDQN):
         policy_kwargs = {**(policy_kwargs or {}), "noisy": noisy, "noisy_std": noisy_std, "dueling": dueling,
                          "n_atoms": n_atoms if distributional else 1, "v_min": v_min, "v_max": v_max}
         if prioritized:
+            if kwargs.get("replay_buffer_class") is not None:
+                raise ValueError("prioritized=True brings its own replay buffer; set prioritized=False to pass one")
             kwargs["replay_buffer_class"] = PrioritizedReplayBuffer
             kwargs["replay_buffer_kwargs"] = {"n_steps": n_steps, "gamma": gamma, "alpha": per_alpha, "eps": per_eps}
             n_steps = 1  # (the buffer does the n-step returns; SB3 only warns about n_steps with a custom buffer)
         super().__init__(policy, env, n_steps=n_steps, gamma=gamma, policy_kwargs=policy_kwargs, **kwargs)
 
-    def _noise(self, net: nn.Module, on: bool, resample: bool = False) -> None:
-        """Switch (and resample) the noise of ``net``'s noisy layers (the layer lists cached per network)."""
-        cache = self.__dict__.setdefault("_noisy_layers", {})
-        layers = cache.get(id(net))
-        if layers is None:
-            layers = cache[id(net)] = list(noisy_layers(net))
-        for m in layers:
-            m.noise = on
-            if resample:
-                m.resample()
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        # the noisy layers of each network, found once (loading a model fills these same modules)
+        self._noisy_layers = {"online": list(noisy_layers(self.q_net)), "target": list(noisy_layers(self.q_net_target))}
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_noisy_layers"]
+
+    def _noise(self, net: str, on: bool, resample: bool = False) -> None:
+        """Switch (and, with ``resample``, redraw) the noise of the ``online`` or ``target`` network."""
+        for m in self._noisy_layers[net]:
+            m.noise = on
+            if resample:
+                m.resample()
 
     def beta(self) -> float:
         """The importance-sampling exponent now: ``per_beta0`` -> 1 linearly over ``per_beta_steps`` env steps."""
@@ -362,7 +366,7 @@ class Rainbow(PaperDQN):
     def predict(self, observation: Any, state: Any = None, episode_start: Any = None,
                 deterministic: bool = False) -> tuple[np.ndarray, Any]:
         """Epsilon-greedy on fresh noise (noisy nets), or on the mean network when ``deterministic``."""
-        self._noise(self.q_net, self.noisy and not deterministic, resample=self.noisy and not deterministic)
+        self._noise("online", self.noisy and not deterministic, resample=self.noisy and not deterministic)
         return super().predict(observation, state, episode_start, deterministic)
 
     def batch(self, data: ReplayBufferSamples, q_net: RainbowQNetwork | None = None,
@@ -386,13 +390,19 @@ class Rainbow(PaperDQN):
 
     def losses(self, q_net: RainbowQNetwork, batch: Batch) -> Tensor:
         """Per-sample losses ``(B,)``: the cross-entropy of the target distribution, or the TD loss."""
+        return self._losses(q_net, batch)[0]
+
+    def _losses(self, q_net: RainbowQNetwork, batch: Batch) -> tuple[Tensor, Tensor]:
+        """Per-sample losses and what their priorities are made of (detached, ``(B,)``): the cross-entropy itself
+        (C51; Tianshou's choice) or the absolute TD error ``|delta|`` (PER's), whatever the TD loss."""
         rows = th.arange(len(batch.actions), device=batch.actions.device)
         if self.distributional:
-            return -(batch.targets * q_net.log_probs(batch.observations)[rows, batch.actions]).sum(-1)
-        q = q_net(batch.observations)[rows, batch.actions]
+            loss = -(batch.targets * q_net.log_probs(batch.observations)[rows, batch.actions]).sum(-1)
+            return loss, loss.detach()
+        delta = q_net(batch.observations)[rows, batch.actions] - batch.targets
         if self.td_loss == "mse":
-            return (q - batch.targets) ** 2
-        return F.smooth_l1_loss(q, batch.targets, reduction="none")
+            return delta ** 2, delta.detach().abs()
+        return F.smooth_l1_loss(delta, th.zeros_like(delta), reduction="none"), delta.detach().abs()
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         self.policy.set_training_mode(True)
@@ -405,9 +415,9 @@ class Rainbow(PaperDQN):
                 weights = th.as_tensor(w, device=self.device)
             else:
                 data, weights = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env), None
-            self._noise(self.q_net, self.noisy, resample=self.noisy)
-            self._noise(self.q_net_target, self.noisy, resample=self.noisy)
-            per_sample = self.losses(self.q_net, self.batch(data))
+            self._noise("online", self.noisy, resample=self.noisy)
+            self._noise("target", self.noisy, resample=self.noisy)
+            per_sample, priority = self._losses(self.q_net, self.batch(data))
             loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
             value = loss.item()
             values.append(value)
@@ -420,7 +430,7 @@ class Rainbow(PaperDQN):
                 th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
             self.policy.optimizer.step()
             if self.prioritized:
-                self.replay_buffer.update_priorities(slots, per_sample.detach().cpu().numpy())
+                self.replay_buffer.update_priorities(slots, priority.cpu().numpy())
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/loss", float(np.mean(values)))
