@@ -348,3 +348,16 @@ def test_our_minatar_ids_are_the_packages_own_registration(monkeypatch):
     for env_id, entry_point, kwargs in calls:
         spec = gym.spec(env_id)
         assert (spec.entry_point, spec.kwargs) == (entry_point, kwargs)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["n_envs=2"], "prioritized replay takes one env"),
+    (["v_min=3", "v_max=1"], "v_min must be below v_max"),
+    (["n_atoms=1"], "n_atoms must be"),
+    (["probe_noise=sampled"], "probe_noise must be"),
+])
+def test_settings_that_do_not_go_together_are_refused_by_name(flags, words):
+    from agents.commands import ConfigError, get_command
+
+    with pytest.raises(ConfigError, match=words):
+        get_command("rainbow").make_config({"env": "CartPole-v1", "set": flags})

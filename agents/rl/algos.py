@@ -53,6 +53,7 @@ class RLAlgo:
     probe_context: ``(model, rng) -> ProbeContext fields`` (model, per-sample losses, sampler; :mod:`probes.sb3`).
     network: ``(config, policy_kwargs) -> policy_kwargs`` where the algorithm builds its network differently from
         the default (hidden MLPs per role; for images a features extractor holding the activation layer).
+    check: ``config -> message or None``: settings that do not go together (checked at resolution).
     """
 
     name: str
@@ -69,6 +70,7 @@ class RLAlgo:
     probe_context: Callable[[Any, np.random.Generator], dict[str, Any]]
     required: tuple[str, ...] = ()
     network: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    check: Callable[[Mapping[str, Any]], str | None] | None = None
 
 
 DQN = RLAlgo(
@@ -101,6 +103,14 @@ def _rainbow_network(config: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[
     return kwargs
 
 
+def _rainbow_check(config: Mapping[str, Any]) -> str | None:
+    if config.get("prioritized") and config.get("n_envs", 1) > 1:
+        return f"prioritized replay takes one env (n_envs=1, got {config['n_envs']}); set prioritized=false for more"
+    if config.get("distributional") and not config.get("v_min", -1) < config.get("v_max", 1):
+        return f"v_min must be below v_max, got [{config.get('v_min')}, {config.get('v_max')}]"
+    return None
+
+
 RAINBOW = RLAlgo(
     name="rainbow",
     help="our Rainbow (noisy nets, C51, prioritized n-step replay, dueling, double Q; each a setting) with a chosen "
@@ -113,6 +123,7 @@ RAINBOW = RLAlgo(
     online=lambda model: [model.q_net],
     probe_context=rainbow_context,
     network=_rainbow_network,
+    check=_rainbow_check,
 )
 
 PPO_ALGO = RLAlgo(

@@ -196,6 +196,8 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     for key in ALGOS[algo].required:
         if config.get(key) is None:
             raise ConfigError(f"{algo} needs {key}")
+    if ALGOS[algo].check is not None and (message := ALGOS[algo].check(config)) is not None:
+        raise ConfigError(f"{algo}: {message}")
 
     _check_policy_kwargs(algo, config.get("policy_kwargs") or {})
     _resolve_activation(config, act_flags, from_file, flags)
