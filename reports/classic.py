@@ -13,20 +13,18 @@ out with a warning on stderr.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from probes.runlog import Run, RunLogError
 
-from .cli import OutputDirError, load_runs, output_dir, warn
+from .cli import OutputDirError, study_inputs, study_parser
 from .data import config_key, config_labels, final_return, finished, run_end, training_length
 from .html import Table, write_index
 from .plots import group_colors, save
@@ -135,18 +133,9 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    parser = argparse.ArgumentParser(prog="python -m reports.classic", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="run logs or directories of them")
-    parser.add_argument("-o", "--out", type=Path, required=True, help="output folder")
-    args = parser.parse_args(argv)
+    args = study_parser("python -m reports.classic", __doc__).parse_args(argv)
     try:
-        rows, warnings = classic_table(load_runs(args.paths))
-        for message in warnings:
-            warn(message)
-        if not rows:
-            raise RunLogError(f"no finished DQN runs with episodes under {', '.join(map(str, args.paths))}")
-        out = output_dir(args.out)
+        rows, out = study_inputs(args.paths, args.out, classic_table, "no finished DQN runs with episodes")
     except (RunLogError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

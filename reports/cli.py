@@ -7,13 +7,14 @@ import argparse
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from probes.logcheck import check_logs
 from probes.runlog import Run, RunLogError, find_runs, read_run
 
-__all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "warn"]
+__all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "study_parser", "study_inputs", "warn"]
 
 
 class OutputDirError(ValueError):
@@ -99,3 +100,26 @@ def steps_arg(text: str) -> list[int]:
     if not steps:
         raise argparse.ArgumentTypeError("expected at least one step")
     return steps
+
+
+def study_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments of a study report (``reports.classic``, ``reports.minatar``): run logs or folders, ``-o OUT``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run logs or directories of them")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="output folder")
+    return parser
+
+
+def study_inputs(paths: Sequence[str | os.PathLike], out: str | os.PathLike,
+                 select: Callable[[list[Run]], tuple[list[Any], list[str]]], nothing: str) -> tuple[list[Any], Path]:
+    """The items a study's ``select`` makes of the run logs in `paths` (its warnings printed), and the output folder.
+
+    Raises RunLogError (`nothing` plus the paths) if there are none, OutputDirError if `out` is unusable.
+    """
+    items, warnings = select(load_runs(paths))
+    for message in warnings:
+        warn(message)
+    if not items:
+        raise RunLogError(f"{nothing} under {', '.join(map(str, paths))}")
+    return items, output_dir(out)

@@ -18,7 +18,6 @@ ReLU DQN runs of the same env and budget as the reference line (mean ± SE band)
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -32,7 +31,7 @@ from matplotlib.figure import Figure
 
 from probes.runlog import Run, RunLogError
 
-from .cli import OutputDirError, load_runs, output_dir, warn
+from .cli import OutputDirError, study_inputs, study_parser
 from .data import config_key, final_return, finished, learning_curve
 from .html import Table, write_index
 from .plots import activation_color, mean_curves, save
@@ -183,19 +182,11 @@ def _fmt(mean: float, sem: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    parser = argparse.ArgumentParser(prog="python -m reports.minatar", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="run logs or directories of them")
-    parser.add_argument("-o", "--out", type=Path, required=True, help="output folder")
+    parser = study_parser("python -m reports.minatar", __doc__)
     parser.add_argument("--random-episodes", type=int, default=100, help="episodes of the random baseline")
     args = parser.parse_args(argv)
     try:
-        found, warnings = groups(load_runs(args.paths))
-        for message in warnings:
-            warn(message)
-        if not found:
-            raise RunLogError(f"no finished DQN or Rainbow runs on MinAtar under {', '.join(map(str, args.paths))}")
-        out = output_dir(args.out)
+        found, out = study_inputs(args.paths, args.out, groups, "no finished DQN or Rainbow runs on MinAtar")
     except (RunLogError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -68,16 +68,26 @@ class PaperDQN(DQN):
                 loss = F.mse_loss(current_q_values, target_q_values)
             else:
                 loss = F.smooth_l1_loss(current_q_values, target_q_values)
-            value = loss.item()
-            losses.append(value)
-            if not np.isfinite(value):
-                self.nonfinite_loss = value  # leave the parameters as they are; the callback stops the run
+            if not self._step(loss, losses):
                 break
-            self.policy.optimizer.zero_grad()
-            loss.backward()
-            if self.max_grad_norm is not None:
-                th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-            self.policy.optimizer.step()
+        self._record_updates(gradient_steps, losses)
+
+    def _step(self, loss: th.Tensor, values: list[float]) -> bool:
+        """One optimiser step on ``loss`` (its value appended to ``values``); ``False`` if the loss is not finite:
+        the parameters stay as they are and ``nonfinite_loss`` tells the training callback to stop the run."""
+        value = loss.item()
+        values.append(value)
+        if not np.isfinite(value):
+            self.nonfinite_loss = value
+            return False
+        self.policy.optimizer.zero_grad()
+        loss.backward()
+        if self.max_grad_norm is not None:
+            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.policy.optimizer.step()
+        return True
+
+    def _record_updates(self, gradient_steps: int, values: list[float]) -> None:
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/loss", float(np.mean(losses)))
+        self.logger.record("train/loss", float(np.mean(values)))

@@ -49,7 +49,7 @@ from torch.nn import functional as F
 from interference.noisy import NoisyLinear, noisy_layers, resample_noise, set_noise
 
 from .dqn import PaperDQN
-from .policies import MinAtarConv, _spec, act_blocks, cnn_flat_features, reapply_spread_bias
+from .policies import _spec, act_blocks, cnn_flat_features, reapply_spread_bias
 
 __all__ = ["Rainbow", "RainbowPolicy", "RainbowQNetwork", "SumTree", "PrioritizedReplayBuffer", "project",
            "NatureConv", "rainbow_context", "PROBE_NOISE"]
@@ -419,21 +419,11 @@ class Rainbow(PaperDQN):
             self._noise("target", self.noisy, resample=self.noisy)
             per_sample, priority = self._losses(self.q_net, self.batch(data))
             loss = (per_sample * weights).mean() if weights is not None else per_sample.mean()
-            value = loss.item()
-            values.append(value)
-            if not np.isfinite(value):
-                self.nonfinite_loss = value  # leave the parameters as they are; the callback stops the run
+            if not self._step(loss, values):  # (PaperDQN's: a non-finite loss stops the run, nothing applied)
                 break
-            self.policy.optimizer.zero_grad()
-            loss.backward()
-            if self.max_grad_norm is not None:
-                th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-            self.policy.optimizer.step()
             if self.prioritized:
                 self.replay_buffer.update_priorities(slots, priority.cpu().numpy())
-        self._n_updates += gradient_steps
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        self.logger.record("train/loss", float(np.mean(values)))
+        self._record_updates(gradient_steps, values)
 
 
 def _probe_noise(algo: Rainbow) -> None:
