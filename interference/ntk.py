@@ -48,8 +48,8 @@ def ntk(
             ``"trace"`` -> ``(N, M)`` (sum over the diagonal).
         params: names (as in ``model.named_parameters()``) to differentiate; default: all trainable ones.
         implementation: ``"auto"`` (default) puts each parameter a layer-wise rule provably covers (``Linear``,
-            ``Conv2d``, ``LayerNorm``, ``Elephant`` and any registered with :func:`interference.register_rule`) on
-            its rule and the rest on the exact path: ``torch.func`` ``vmap(jacrev)``, or, with one warning, a
+            ``Conv2d``, ``LayerNorm``, ``Elephant``, ``NoisyLinear`` and any registered with
+            :func:`interference.register_rule`) on its rule and the rest on the exact path: ``torch.func`` ``vmap(jacrev)``, or, with one warning, a
             per-sample autograd loop where ``vmap`` cannot run the model. ``"layerwise"`` refuses parameters no rule
             covers; ``"func"`` uses ``vmap(jacrev)`` for all (fast, but some modules cannot be vmapped: a clear
             ``RuntimeError``); ``"loop"`` uses the per-sample autograd loop for all (slowest: ``N + M`` forwards and
