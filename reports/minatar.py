@@ -10,7 +10,7 @@ random policy on the same env id and env settings (MinAtar's sticky actions and 
 ``--random-episodes`` episodes from seed 0 when the report is built: mean ± SE over episodes. A group is "above
 random" when its mean exceeds the random mean by more than 3 combined standard errors
 (``3 sqrt(SE_agent^2 + SE_random^2)``). Env steps per second come from each run's ``summary.json`` (wall time of
-the whole run, random steps and updates included) when it is there.
+the whole run, random steps and updates included) and so does the parameter count (the networks trained).
 
 The sensitivity figure takes the Elephant DQN runs that differ in ``act_kwargs.a`` / ``act_kwargs.d`` only, and the
 ReLU DQN runs of the same env and budget as the reference line (mean ± SE band).
@@ -65,15 +65,23 @@ class Group:
         f = self.finals
         return float(f.std(ddof=1) / math.sqrt(len(f))) if len(f) > 1 else math.nan
 
-    @property
-    def steps_per_second(self) -> float:
-        speeds = []
+    def _summary_mean(self, key: str) -> float:
+        """Mean of ``key`` over the runs' ``summary.json`` files (NaN where none has it)."""
+        values = []
         for r in self.runs:
             try:
-                speeds.append(json.loads((Path(r.path).parent / "summary.json").read_text())["steps_per_second"])
+                values.append(float(json.loads((Path(r.path).parent / "summary.json").read_text())[key]))
             except (OSError, ValueError, KeyError, TypeError):
                 pass
-        return float(np.mean(speeds)) if speeds else math.nan
+        return float(np.mean(values)) if values else math.nan
+
+    @property
+    def steps_per_second(self) -> float:
+        return self._summary_mean("steps_per_second")
+
+    @property
+    def parameters(self) -> float:
+        return self._summary_mean("parameters")
 
     @property
     def act_kwargs(self) -> dict:
@@ -203,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             margin = g.mean - r_mean - 3 * math.sqrt(np.nan_to_num(g.sem) ** 2 + r_sem ** 2)
             rows.append([algo, env, g.act, _fmt(g.mean, g.sem), str(len(g.runs)), _fmt(r_mean, r_sem),
                          "yes" if margin > 0 else "no", f"{g.steps_per_second:.0f}",
-                         f"{int(g.config['n_timesteps']):,}"])
+                         f"{g.parameters:,.0f}" if math.isfinite(g.parameters) else "", f"{int(g.config['n_timesteps']):,}"])
         curves = {g.act: learning_curve(g.runs, window=20) for g in gs}
         colors = {g.act: activation_color(g.act) for g in gs}
         name = f"{algo}_{env.replace('/', '-')}.png"
@@ -212,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          colors=colors, xlabel="env step"), out / name)
         parts.append((f"{'DQN' if algo == 'dqn' else 'Rainbow'} on {env}", name))
     columns = ["agent", "env", "activation", "final return", "seeds", "random policy", "above random + 3 SE",
-               "env steps/s", "steps per run"]
+               "env steps/s", "parameters", "steps per run"]
     tables = [Table("Final return (last 10% of training episodes; mean ± SE over seeds)", columns, rows)]
     sections = {"Learning curves": [(f"{title}: episode return (trailing mean of 20 episodes)", src)
                                     for title, src in parts]}
