@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from probes.runlog import Run, RunLogError
 
-from .cli import OutputDirError, study_inputs, study_parser
+from .cli import OutputDirError, load_runs, study_inputs, study_parser
 from .data import config_key, config_labels, final_return, finished, run_end, training_length
 from .html import Table, write_index
 from .plots import group_colors, save
@@ -135,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
     args = study_parser("python -m reports.classic", __doc__).parse_args(argv)
     try:
-        rows, out = study_inputs(args.paths, args.out, classic_table, "no finished DQN runs with episodes")
+        rows, out = study_inputs(load_runs(args.paths), args.out, classic_table,
+                                 f"no finished DQN runs with episodes under {', '.join(map(str, args.paths))}")
     except (RunLogError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -111,15 +111,15 @@ def study_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def study_inputs(paths: Sequence[str | os.PathLike], out: str | os.PathLike,
-                 select: Callable[[list[Run]], tuple[list[Any], list[str]]], nothing: str) -> tuple[list[Any], Path]:
-    """The items a study's ``select`` makes of the run logs in `paths` (its warnings printed), and the output folder.
+def study_inputs(runs: Sequence[Run], out: str | os.PathLike, select: Callable[[list[Run]], tuple[list[Any], list[str]]],
+                 nothing: str) -> tuple[list[Any], Path]:
+    """The items a study's ``select`` makes of `runs` (its warnings printed), and the output folder.
 
-    Raises RunLogError (`nothing` plus the paths) if there are none, OutputDirError if `out` is unusable.
+    Raises RunLogError(`nothing`) if there are none, OutputDirError if `out` is unusable.
     """
-    items, warnings = select(load_runs(paths))
+    items, warnings = select(list(runs))
     for message in warnings:
         warn(message)
     if not items:
-        raise RunLogError(f"{nothing} under {', '.join(map(str, paths))}")
+        raise RunLogError(nothing)
     return items, output_dir(out)

@@ -1,14 +1,14 @@
-"""The MinAtar study (issue 16): DQN and Rainbow with Elephant vs ReLU per game, against a random policy measured
-here, and the paper's sensitivity figure on Elephant's a and d.
+"""The MinAtar study (issue 16): DQN and Rainbow with Elephant vs ReLU per game, against a random policy run on the
+same games, and the paper's sensitivity figure on Elephant's a and d.
 
-    python -m reports.minatar RUNS_DIR [MORE ...] -o OUT/ [--random-episodes 100]
+    python -m reports.minatar RUNS_DIR [MORE ...] -o OUT/
 
 Runs are grouped by algorithm, game, activation and the rest of their config (the seed aside). Final return = mean
 episode return over the last 10% of a run's episodes (training episodes, epsilon-greedy; as the classic study);
-a group shows mean ± standard error over seeds (std with ddof=1 / sqrt(n)). The random baseline is a uniformly
-random policy on the same env id and env settings (MinAtar's sticky actions and difficulty ramping), run for
-``--random-episodes`` episodes from seed 0 when the report is built: mean ± SE over episodes. A group is "above
-random" when its mean exceeds the random mean by more than 3 combined standard errors
+a group shows mean ± standard error over seeds (std with ddof=1 / sqrt(n)). The random baseline comes from run logs
+too: runs that never update (``learning_starts >= n_timesteps``: SB3 acts uniformly at random until then) on the
+same env id and env settings (MinAtar's sticky actions and difficulty ramping): mean ± SE over all their episodes.
+A group is "above random" when its mean exceeds the random mean by more than 3 combined standard errors
 (``3 sqrt(SE_agent^2 + SE_random^2)``). Env steps per second come from each run's ``summary.json`` (wall time of
 the whole run, random steps and updates included) and so does the parameter count (the networks trained).
 
@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 
 from probes.runlog import Run, RunLogError
 
-from .cli import OutputDirError, study_inputs, study_parser
+from .cli import OutputDirError, load_runs, study_inputs, study_parser, warn
 from .data import config_key, final_return, finished, learning_curve
 from .html import Table, write_index
 from .plots import activation_color, mean_curves, save
@@ -89,8 +89,8 @@ class Group:
 
 
 def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
-    """Finished DQN/Rainbow runs on MinAtar ids with episodes, grouped by config except the seed; a warning line
-    per MinAtar run left out."""
+    """Finished DQN/Rainbow runs on MinAtar ids with episodes (random-policy runs aside), grouped by config except
+    the seed; a warning line per MinAtar run left out."""
     found: dict[str, Group] = {}
     warnings = []
     for run in sorted(runs, key=lambda r: r.path):
@@ -103,6 +103,8 @@ def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
         if len(run.scalars.get("episode_return", ((), ()))[1]) == 0:
             warnings.append(f"{run.path}: no episodes recorded; left out")
             continue
+        if is_random(run):
+            continue  # the baseline (random_runs)
         key = config_key(c)
         group = found.setdefault(key, Group(c["algo"], c["env"], c["act"], key, c, []))
         if any(r.seed == run.seed for r in group.runs):
@@ -112,22 +114,16 @@ def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
     return list(found.values()), warnings
 
 
-def random_baseline(env_id: str, episodes: int, env_kwargs: Mapping | None = None,
-                    max_episode_steps: int | None = None) -> tuple[float, float]:
-    """Mean and standard error of the return of a uniformly random policy over ``episodes`` episodes (seed 0)."""
-    from agents.rl.envs import make_env
+def is_random(run: Run) -> bool:
+    """Whether ``run`` acted uniformly at random throughout (it never reached ``learning_starts``)."""
+    c = run.config
+    return c.get("learning_starts", 0) >= c.get("n_timesteps", math.inf)
 
-    env = make_env(env_id, n_envs=1, seed=0, env_kwargs=env_kwargs, max_episode_steps=max_episode_steps)
-    env.action_space.seed(0)
-    returns: list[float] = []
-    env.reset()
-    while len(returns) < episodes:
-        _, _, done, infos = env.step(np.array([env.action_space.sample()]))
-        if done[0]:
-            returns.append(float(infos[0]["episode"]["r"]))
-    env.close()
-    r = np.array(returns)
-    return float(r.mean()), float(r.std(ddof=1) / math.sqrt(len(r)))
+
+def random_baseline(runs: Sequence[Run]) -> tuple[float, float, int]:
+    """Mean, standard error and count of the episode returns of random-policy runs ``runs`` (all episodes)."""
+    r = np.concatenate([run.scalars["episode_return"][1] for run in runs])
+    return float(r.mean()), float(r.std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else math.nan, len(r)
 
 
 def _main_groups(all_groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
@@ -190,27 +186,34 @@ def _fmt(mean: float, sem: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    parser = study_parser("python -m reports.minatar", __doc__)
-    parser.add_argument("--random-episodes", type=int, default=100, help="episodes of the random baseline")
-    args = parser.parse_args(argv)
+    args = study_parser("python -m reports.minatar", __doc__).parse_args(argv)
     try:
-        found, out = study_inputs(args.paths, args.out, groups, "no finished DQN or Rainbow runs on MinAtar")
+        runs = load_runs(args.paths)
+        found, out = study_inputs(runs, args.out, groups, "no finished DQN or Rainbow runs on MinAtar under "
+                                  f"{', '.join(map(str, args.paths))}")
     except (RunLogError, OutputDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     main_groups = _main_groups(found)
     envs = sorted({env for _, env in main_groups})
-    random = {}
+    random: dict[str, tuple[float, float, int]] = {}
     for env in envs:
         c = next(g.config for (_, e), gs in main_groups.items() if e == env for g in gs)
-        random[env] = random_baseline(env, args.random_episodes, c.get("env_kwargs"), c.get("max_episode_steps"))
+        same = [r for r in runs if is_random(r) and finished(r) and r.config.get("env") == env
+                and (r.config.get("env_kwargs"), r.config.get("max_episode_steps")) == (c.get("env_kwargs"),
+                                                                                        c.get("max_episode_steps"))]
+        if same:
+            random[env] = random_baseline(same)
+        else:
+            warn(f"no random-policy run on {env} (learning_starts >= n_timesteps): no baseline for it")
     rows, parts = [], []
     for (algo, env), gs in sorted(main_groups.items()):
-        r_mean, r_sem = random[env]
+        r_mean, r_sem, _ = random.get(env, (math.nan, math.nan, 0))
         for g in gs:
-            margin = g.mean - r_mean - 3 * math.sqrt(np.nan_to_num(g.sem) ** 2 + r_sem ** 2)
+            margin = g.mean - r_mean - 3 * math.sqrt(np.nan_to_num(g.sem) ** 2 + np.nan_to_num(r_sem) ** 2)
+            above = "yes" if margin > 0 else "no" if math.isfinite(margin) else "(no baseline)"
             rows.append([algo, env, g.act, _fmt(g.mean, g.sem), str(len(g.runs)), _fmt(r_mean, r_sem),
-                         "yes" if margin > 0 else "no", f"{g.steps_per_second:.0f}",
+                         above, f"{g.steps_per_second:.0f}",
                          f"{g.parameters:,.0f}" if math.isfinite(g.parameters) else "", f"{int(g.config['n_timesteps']):,}"])
         curves = {g.act: learning_curve(g.runs, window=20) for g in gs}
         colors = {g.act: activation_color(g.act) for g in gs}
@@ -224,9 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     tables = [Table("Final return (last 10% of training episodes; mean ± SE over seeds)", columns, rows)]
     sections = {"Learning curves": [(f"{title}: episode return (trailing mean of 20 episodes)", src)
                                     for title, src in parts]}
-    notes = [f"Random policy: {args.random_episodes} episodes per game from seed 0, measured when this page was "
-             "built (mean ± SE over episodes). 'Above random + 3 SE': agent mean > random mean + 3 sqrt(SE_agent^2 "
-             "+ SE_random^2). Env steps/s: whole runs on one core (random steps, updates and checkpoints included)."]
+    baseline = "; ".join(f"{env}: {n} episodes" for env, (_, _, n) in random.items()) or "none"
+    notes = [f"Random policy: runs that never update (learning_starts >= n_timesteps), mean ± SE over all their "
+             f"episodes ({baseline}). 'Above random + 3 SE': agent mean > random mean + 3 sqrt(SE_agent^2 + "
+             "SE_random^2). Env steps/s: whole runs on one core (random steps, updates and checkpoints included)."]
     for env in envs:
         fig = sensitivity_figure(found, env)
         if fig is not None:

@@ -316,18 +316,20 @@ def test_minatar_envs_and_both_agents_with_the_report(tmp_path):
     obs, act = env_spaces("MinAtar/Breakout-v1")
     assert obs.shape == (10, 10, 4) and obs.dtype == bool and act.n == 3  # v1: the minimal action set
     runs = [("dqn", "elephant", {}, 0), ("dqn", "elephant", {}, 1), ("dqn", "relu", {}, 0), ("dqn", "relu", {}, 1),
-            ("dqn", "elephant", {"a": 0.4}, 0), ("rainbow", "elephant", {}, 0)]
+            ("dqn", "elephant", {"a": 0.4}, 0), ("rainbow", "elephant", {}, 0),
+            ("dqn", "relu", {"learning_starts": 300}, 0)]  # never updates: the random baseline
     for algo, activation, extra, seed in runs:
         cmd = get_command(algo)
         config = cmd.make_config({"env": "MinAtar/Breakout-v1", "act": activation, "steps": 300, "seed": seed,
-                                  "set": ["learning_starts=100", "exploration_steps=100", "buffer_size=1000",
-                                          "features_dim=16"], "probe": "plasticity", "probe_every": 150,
+                                  "learning_starts": 100, "exploration_steps": 100, "buffer_size": 1000,
+                                  "features_dim": 16, "probe": "plasticity", "probe_every": 150,
                                   "probe_inputs": 8, "checkpoint_every": 0, "progress": False, **extra})
         assert config["derived"]["trunk"] == "minatar"
         assert train(config, cmd.run_dir(config, tmp_path / "runs"))["status"] == "finished"
-    assert report([str(tmp_path / "runs"), "-o", str(tmp_path / "report"), "--random-episodes", "5"]) == 0
+    assert report([str(tmp_path / "runs"), "-o", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()
     assert "above random + 3 SE" in page and "Sensitivity on MinAtar/Breakout-v1" in page
+    assert "(no baseline)" not in page and "MinAtar/Breakout-v1: " in page  # the random run's episodes counted
     assert (tmp_path / "report" / "sensitivity_MinAtar-Breakout-v1.png").exists()
     assert (tmp_path / "report" / "rainbow_MinAtar-Breakout-v1.png").exists()
 
