@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from .algos import ALGOS
 from .config import resolve
 
 
@@ -41,7 +42,7 @@ def measure(algo: str, env: str, act: str, steps: int, warmup: int, seed: int = 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.rl.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algo", default="dqn", choices=["dqn", "ppo", "sac"])
+    parser.add_argument("--algo", default="dqn", choices=list(ALGOS))
     parser.add_argument("--env", default="MountainCar-v0")
     parser.add_argument("--acts", default="elephant,relu", help="comma-separated activations; ratios are to the first")
     parser.add_argument("--steps", type=int, default=5000, help="timed env steps per measurement")
