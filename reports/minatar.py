@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -160,10 +161,12 @@ def sensitivity_figure(all_groups: Sequence[Group], env: str) -> Figure | None:
         return None
     fig = Figure(figsize=(5.5, 3.8), layout="constrained")
     ax = fig.subplots()
-    for i, d in enumerate(sorted({g.act_kwargs.get("d") for g in ele})):
+    ds = sorted({g.act_kwargs.get("d") for g in ele})
+    shades = matplotlib.colormaps["Reds"](np.linspace(0.45, 0.95, len(ds)))  # Elephant's reds, darker for larger d
+    for shade, d in zip(shades, ds):
         pts = sorted((g.act_kwargs["a"], g.mean, g.sem, len(g.runs)) for g in ele if g.act_kwargs.get("d") == d)
         a, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
-        ax.errorbar(a, m, yerr=np.nan_to_num(s), marker="o", capsize=3, color=f"C{i}",
+        ax.errorbar(a, m, yerr=np.nan_to_num(s), marker="o", capsize=3, color=shade,
                     label=f"Elephant d={d} (n={int(n.min())})")
     relu = [g for g in all_groups if g.algo == "dqn" and g.env == env and g.act == "relu"]
     if relu:
