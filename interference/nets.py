@@ -143,6 +143,16 @@ def match_width(
     return min((lo, hi), key=lambda w: (abs(count(w) - target), w))
 
 
+def nature_convs(in_channels: int) -> nn.Sequential:
+    """The Nature-DQN convolutions with ReLU, flattened: ``(N, C, H, W) -> (N, 64 h w)`` (3136 features at 84x84)."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
+        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
 def nature_cnn(
     in_channels: int = 4,
     out_features: int = 18,
@@ -157,11 +167,6 @@ def nature_cnn(
     The convolutions keep ReLU, as in the paper's Atari set-up; the ``hidden``-unit layer follows
     :func:`hidden_layer` (the activation's default LayerNorm and bias spread).
     """
-    convs = nn.Sequential(
-        nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
-        nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-        nn.Flatten(),
-    )
+    convs = nature_convs(in_channels)
     block, width = hidden_layer(64 * 7 * 7, hidden, activation, act_kwargs, sigma_bias=sigma_bias)
     return nn.Sequential(*convs, *block, nn.Linear(width, out_features))

@@ -36,7 +36,7 @@ from stable_baselines3.sac.policies import Actor, SACPolicy
 from torch import nn
 
 from interference.activation_spec import activation_spec
-from interference.nets import hidden_layer, spread_bias_
+from interference.nets import hidden_layer, nature_convs, spread_bias_
 
 __all__ = [
     "ActNatureCNN", "ActMlpExtractor", "ActQNetwork", "ActDQNPolicy", "ActActorCriticPolicy", "ActActor",
@@ -117,12 +117,7 @@ class ActNatureCNN(BaseFeaturesExtractor):
         spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
         super().__init__(observation_space, features_dim)
         n_input_channels = observation_space.shape[0]
-        self.cnn = nn.Sequential(
-            nn.Conv2d(n_input_channels, 32, kernel_size=8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, kernel_size=4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, kernel_size=3, stride=1), nn.ReLU(),
-            nn.Flatten(),
-        )
+        self.cnn = nature_convs(n_input_channels)
         n_flatten = cnn_flat_features(observation_space.shape)
         block, width = act_blocks(n_flatten, [features_dim], **spec)
         self.linear = nn.Sequential(*block)

@@ -46,6 +46,7 @@ from stable_baselines3.dqn.policies import DQNPolicy
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from interference.nets import nature_convs
 from interference.noisy import NoisyLinear, noisy_layers, resample_noise, set_noise
 
 from .dqn import PaperDQN
@@ -211,10 +212,7 @@ class NatureConv(BaseFeaturesExtractor):
 
     def __init__(self, observation_space: gym.Space) -> None:
         super().__init__(observation_space, cnn_flat_features(observation_space.shape))
-        self.cnn = nn.Sequential(
-            nn.Conv2d(observation_space.shape[0], 32, kernel_size=8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, kernel_size=4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, kernel_size=3, stride=1), nn.ReLU(), nn.Flatten())
+        self.cnn = nature_convs(observation_space.shape[0])
 
     def forward(self, observations: Tensor) -> Tensor:
         return self.cnn(observations)
