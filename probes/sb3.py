@@ -51,10 +51,12 @@ def _replay_sampler(algo: BaseAlgorithm, rng: np.random.Generator) -> Callable[[
     buf = algo.replay_buffer
 
     def sample(k: int):
-        upper = buf.buffer_size if buf.full else buf.pos
+        upper = buf.size()
         if upper == 0:
             raise RuntimeError("the replay buffer is empty; probe after learning_starts")
-        return buf._get_samples(rng.integers(0, upper, size=k), env=algo._vec_normalize_env)
+        index = rng.integers(0, upper, size=k)
+        rows = getattr(buf, "rows", None)  # a buffer whose valid rows are not 0..size-1 maps them (FrameReplayBuffer)
+        return buf._get_samples(index if rows is None else rows(index), env=algo._vec_normalize_env)
 
     return sample
 
@@ -251,16 +253,17 @@ class ProbeCallback(BaseCallback):
         """``n_inputs`` observations from what the agent has stored so far (None until there are enough)."""
         if isinstance(self.model, OnPolicyAlgorithm):
             buf = self.model.rollout_buffer
-            obs = buf.observations.reshape(-1, *buf.obs_shape)
             stored = buf.buffer_size * buf.n_envs if buf.full else buf.pos * buf.n_envs
         else:
             buf = self.model.replay_buffer
-            obs = buf.observations.reshape(-1, *buf.obs_shape)
-            stored = (buf.buffer_size if buf.full else buf.pos) * buf.n_envs
+            stored = buf.size() * buf.n_envs
         if stored < self.n_inputs:
             return None
         idx = np.sort(self.rng.choice(stored, size=self.n_inputs, replace=False))
-        picked = obs[idx]
+        if hasattr(buf, "stacks"):  # FrameReplayBuffer: stacks rebuilt from its frames
+            picked = buf.stacks(buf.obs_head[buf.rows(idx // buf.n_envs), idx % buf.n_envs])
+        else:
+            picked = buf.observations.reshape(-1, *buf.obs_shape)[idx]
         normalize = self.model._vec_normalize_env
         if normalize is not None and not isinstance(self.model, OnPolicyAlgorithm):
             picked = normalize.normalize_obs(picked)  # a replay buffer keeps raw observations; the network sees these

@@ -9,6 +9,9 @@ Differences from SB3's DQN, each a constructor argument (the YAML files set the 
   over ``N`` env steps *after* ``learning_starts`` (absolute steps, independent of the training length); before
   ``learning_starts`` SB3 already acts uniformly at random. ``None`` keeps SB3's ``exploration_fraction``.
 
+* ``replay="frames"``: the frame-deduplicated replay buffer (:class:`agents.rl.frame_buffer.FrameReplayBuffer`,
+  n-step returns as SB3's); ``"full"`` keeps SB3's buffers (whole observations).
+
 A non-finite TD loss skips that update and sets ``nonfinite_loss`` (the training callback then stops the run).
 """
 
@@ -21,18 +24,28 @@ import torch as th
 from stable_baselines3 import DQN
 from torch.nn import functional as F
 
+from .frame_buffer import FrameReplayBuffer
+
 __all__ = ["PaperDQN"]
 
 TD_LOSSES = ("mse", "huber")
+REPLAYS = ("full", "frames")
 
 
 class PaperDQN(DQN):
     """SB3 DQN with a choice of TD loss, optional gradient clipping and an absolute-step epsilon schedule."""
 
     def __init__(self, *args: Any, td_loss: str = "mse", exploration_steps: int | None = None,
-                 max_grad_norm: float | None = None, **kwargs: Any) -> None:
+                 max_grad_norm: float | None = None, replay: str = "full", **kwargs: Any) -> None:
         if td_loss not in TD_LOSSES:
             raise ValueError(f"td_loss must be one of {TD_LOSSES}, got {td_loss!r}")
+        if replay not in REPLAYS:
+            raise ValueError(f"replay must be one of {REPLAYS}, got {replay!r}")
+        if replay == "frames" and kwargs.get("replay_buffer_class") is None:
+            kwargs["replay_buffer_class"] = FrameReplayBuffer
+            kwargs["replay_buffer_kwargs"] = {"n_steps": kwargs.pop("n_steps", 1), "gamma": kwargs.get("gamma", 0.99),
+                                              **(kwargs.get("replay_buffer_kwargs") or {})}
+        self.replay = replay
         if exploration_steps is not None and exploration_steps < 0:
             raise ValueError(f"exploration_steps must be >= 0 or None, got {exploration_steps!r}")
         self.td_loss = td_loss

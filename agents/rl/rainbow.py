@@ -50,9 +50,11 @@ from interference.nets import nature_convs
 from interference.noisy import NoisyLinear, noisy_layers, resample_noise, set_noise
 
 from .dqn import PaperDQN
+from .frame_buffer import FrameReplayBuffer
 from .policies import _spec, act_blocks, cnn_flat_features, reapply_spread_bias
 
-__all__ = ["Rainbow", "RainbowPolicy", "RainbowQNetwork", "SumTree", "PrioritizedReplayBuffer", "project",
+__all__ = ["Rainbow", "RainbowPolicy", "RainbowQNetwork", "SumTree", "Prioritized", "PrioritizedReplayBuffer",
+           "PrioritizedFrameReplayBuffer", "project",
            "NatureConv", "rainbow_context", "PROBE_NOISE"]
 
 PROBE_NOISE = ("mean", "fixed")
@@ -139,22 +141,19 @@ class SumTree:
         return self.find((np.arange(k) + rng.random(k)) * (total / k))
 
 
-class PrioritizedReplayBuffer(NStepReplayBuffer):
-    """SB3's n-step replay buffer with proportional priorities (one env: the slot is the buffer position).
+class Prioritized:
+    """Proportional priorities over a replay buffer's rows (a mixin; one env, so a row is a transition).
 
     New transitions get the largest priority seen so far. :meth:`sample_prioritized` returns the samples, their
-    slots and importance weights; :meth:`update_priorities` sets ``(loss + eps)^alpha`` for those slots.
+    slots and importance weights; :meth:`update_priorities` sets ``(loss + eps)^alpha`` for those slots. Rows a
+    buffer drops early (``_dropped``) get priority 0, so they are never drawn.
     """
 
-    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
-                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
-                 handle_timeout_termination: bool = True, n_steps: int = 1, gamma: float = 0.99,
-                 alpha: float = 0.5, eps: float = 1e-6) -> None:
-        if n_envs != 1:
-            raise ValueError(f"prioritized replay here takes one env (n_envs=1), got n_envs={n_envs}")
-        super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs,
-                         optimize_memory_usage=optimize_memory_usage,
-                         handle_timeout_termination=handle_timeout_termination, n_steps=n_steps, gamma=gamma)
+    def __init__(self, *args: Any, alpha: float = 0.5, eps: float = 1e-6, **kwargs: Any) -> None:
+        kwargs.setdefault("n_steps", 1)  # (SB3's NStepReplayBuffer would default to 3)
+        super().__init__(*args, **kwargs)
+        if self.n_envs != 1:
+            raise ValueError(f"prioritized replay here takes one env (n_envs=1), got n_envs={self.n_envs}")
         self.alpha, self.eps = float(alpha), float(eps)
         self.tree = SumTree(self.buffer_size)
         self.max_priority = 1.0
@@ -162,6 +161,9 @@ class PrioritizedReplayBuffer(NStepReplayBuffer):
     def add(self, *args: Any, **kwargs: Any) -> None:
         self.tree.update(np.array([self.pos]), np.array([self.max_priority ** self.alpha]))
         super().add(*args, **kwargs)
+
+    def _dropped(self, rows: np.ndarray) -> None:
+        self.tree.update(rows, np.zeros(len(rows)))
 
     def sample_prioritized(self, batch_size: int, beta: float, env: Any = None
                            ) -> tuple[ReplayBufferSamples, np.ndarray, np.ndarray]:
@@ -178,6 +180,14 @@ class PrioritizedReplayBuffer(NStepReplayBuffer):
         priority = np.abs(np.asarray(losses, dtype=np.float64)) + self.eps
         self.max_priority = max(self.max_priority, float(priority.max()))
         self.tree.update(slots, priority ** self.alpha)
+
+
+class PrioritizedReplayBuffer(Prioritized, NStepReplayBuffer):
+    """SB3's n-step replay buffer (whole observations) with proportional priorities."""
+
+
+class PrioritizedFrameReplayBuffer(Prioritized, FrameReplayBuffer):
+    """The frame-deduplicated replay buffer (:mod:`agents.rl.frame_buffer`) with proportional priorities."""
 
 
 # --- C51 ------------------------------------------------------------------------------------------------
@@ -337,7 +347,8 @@ class Rainbow(PaperDQN):
         if prioritized:
             if kwargs.get("replay_buffer_class") is not None:
                 raise ValueError("prioritized=True brings its own replay buffer; set prioritized=False to pass one")
-            kwargs["replay_buffer_class"] = PrioritizedReplayBuffer
+            kwargs["replay_buffer_class"] = (PrioritizedFrameReplayBuffer if kwargs.get("replay") == "frames"
+                                             else PrioritizedReplayBuffer)
             kwargs["replay_buffer_kwargs"] = {"n_steps": n_steps, "gamma": gamma, "alpha": per_alpha, "eps": per_eps}
             n_steps = 1  # (the buffer does the n-step returns; SB3 only warns about n_steps with a custom buffer)
         super().__init__(policy, env, n_steps=n_steps, gamma=gamma, policy_kwargs=policy_kwargs, **kwargs)

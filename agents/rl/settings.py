@@ -96,6 +96,8 @@ class DQNSettings(OffPolicy):
     exploration_fraction: float = _s(c.real(0.0, 1.0, open_lo=True), "fraction of the run the epsilon decay takes")
     td_loss: str = _s(c.choice("mse", "huber"), "TD loss")
     n_steps: int = _s(c.integer(1), "n-step returns")
+    replay: str = _s(c.choice("full", "frames"), "replay storage: full (SB3's buffers, whole observations) or frames "
+                                                 "(stacked pixel frames stored once; Atari at 1e6 transitions)")
 
 
 @dataclass
