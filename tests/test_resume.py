@@ -45,6 +45,13 @@ ALGOS = {
     "rainbow": ["rainbow", "--env", "CartPole-v1", "--hidden", "16", "--steps", "800", "--set", "learning_starts=100",
                 "--set", "per_beta_steps=800", "--probe", "gradcov,plasticity", "--probe-every", "200",
                 "--checkpoint-every", "250"],
+    # Atari: ALE's emulator state, the Atari wrappers and frame stack, the frame buffer's chunk files (the buffer
+    # wraps: 400 transitions of 600 steps, so chunks are also pruned)
+    "atari-dqn": ["dqn", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100", "--set",
+                  "buffer_size=400", "--probe", "gradcov", "--probe-every", "300", "--checkpoint-every", "150"],
+    "atari-rainbow": ["rainbow", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100",
+                      "--set", "buffer_size=400", "--probe", "gradcov", "--probe-every", "300",
+                      "--checkpoint-every", "150"],
 }
 _seeded = random.Random(13)
 #: scenario -> how the first attempt dies: a kill point (NAME:N), a seeded SIGKILL delay, or SIGTERM after a delay
@@ -56,6 +63,8 @@ SCENARIOS = {
             "mid-record": "runlog.mid_record:25", f"sigkill-{(d := round(_seeded.uniform(3, 5), 2))}s": d,
             "sigterm": "SIGTERM"},
     "rainbow": {"after-rename": "checkpoint.after_rename:2"},
+    "atari-dqn": {"mid-checkpoint": "checkpoint.mid_write:2", "after-rename": "checkpoint.after_rename:2"},
+    "atari-rainbow": {"after-rename": "checkpoint.after_rename:3"},
 }
 
 
@@ -193,6 +202,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(batches, algo, scenari
     assert differences(reference, run_dir) == []
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and not (run_dir / "checkpoint.pkl").exists()
+    assert not (run_dir / "replay").exists()  # the frame chunks go with the checkpoint
     assert not list(run_dir.glob("*.tmp"))  # a torn checkpoint write leaves nothing behind after the resume
 
 

@@ -5,9 +5,12 @@ A checkpoint (``RUN_DIR/checkpoint.pkl``, one pickle) holds everything that deci
 * the model as ``model.save`` writes it (network weights, optimiser states, step and update counters, the
   exploration and learning-rate schedules, the last observation and episode starts, the episode-info buffer);
 * the gradients left by the last update (``.grad``; probes read them);
-* the replay buffer (off-policy; PPO's rollout buffer is refilled at every rollout and is not needed);
-* the environment, pickled whole: each env's state and ``np_random``, time limits, monitors, frame stacks, and
-  ``VecNormalize``'s observation/reward statistics and running returns;
+* the replay buffer (off-policy; PPO's rollout buffer is refilled at every rollout and is not needed); the frames
+  of a :class:`~agents.rl.frame_buffer.FrameReplayBuffer` go to chunk files in ``RUN_DIR/replay/`` instead, each
+  checkpoint writing only the frames added since the one before (a 7 GB Atari buffer is not rewritten every time);
+* the environment, pickled whole: each env's state and ``np_random`` (ALE's emulator state with its RNG), time
+  limits, monitors, Atari wrappers, frame stacks, and ``VecNormalize``'s observation/reward statistics and running
+  returns;
 * the RNG states: torch (CPU and CUDA), numpy's and Python's global generators, the action and observation
   spaces' generators;
 * the run log's state: record counts per series, each probe's cadence, the probe RNG and fixed probe inputs, the
@@ -20,19 +23,22 @@ checkpoint had seen (later ones are written again, identically) and continues: f
 those of an uninterrupted run with the same seed (tests/test_resume.py).
 
 Writes are atomic (a temporary file, ``fsync``, ``rename``, ``fsync`` of the folder): a kill at any moment leaves
-the previous checkpoint or the new one, never a mix. A stop by Ctrl-C or SIGTERM waits for the next rollout start
-and checkpoints there, so a pre-empted run loses nothing. Environments that cannot be pickled (ALE's Atari
-emulator) run without checkpoints, with a note (an explicit ``--checkpoint-every N`` is refused).
+the previous checkpoint or the new one, never a mix (replay chunks are written before the checkpoint that names them
+and deleted only after a later checkpoint stops naming them). A stop by Ctrl-C or SIGTERM waits for the next
+rollout start and checkpoints there, so a pre-empted run loses nothing. Environments that cannot be pickled run
+without checkpoints, with a note (an explicit ``--checkpoint-every N`` is refused).
 """
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import pickle
 import random
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,13 +61,16 @@ from probes.sb3 import ProbeCallback
 
 from .algos import ALGOS
 from .callbacks import RunCallback
+from .frame_buffer import prune_chunks
 
-__all__ = ["CHECKPOINT", "CheckpointError", "CheckpointWriteError", "Checkpointer", "read_checkpoint",
+__all__ = ["CHECKPOINT", "REPLAY_DIR", "CheckpointError", "CheckpointWriteError", "Checkpointer", "read_checkpoint",
            "restore_model", "check_picklable"]
 
 CHECKPOINT = "checkpoint.pkl"
+REPLAY_DIR = "replay"  # frame chunks of a FrameReplayBuffer
 FORMAT = "interference-checkpoint"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)  # 1: the env as {"env"} or {"normalize", "venv", "returns"}; 2: as a wrapper chain
 
 
 class CheckpointError(ConfigError):
@@ -106,28 +115,35 @@ def _set_gradients(model: BaseAlgorithm, grads: Mapping[str, Tensor]) -> None:
 
 
 def _env_state(env: VecEnv) -> dict[str, Any]:
-    """The env for a checkpoint. ``VecNormalize`` pickles without its inner env and its running returns (SB3 expects
-    ``VecNormalize.load(path, venv)``), so those are kept beside it."""
-    if isinstance(env, VecNormalize):
-        return {"normalize": env, "venv": env.venv, "returns": env.returns.copy()}
-    return {"env": env}
+    """The env for a checkpoint: its ``VecEnvWrapper`` chain, outermost first, each as its class and attributes
+    (SB3's wrappers keep ``class_attributes``, which holds unpicklable ABC data, and ``VecNormalize`` pickles
+    without its inner env and running returns), then the innermost ``VecEnv`` pickled whole."""
+    chain = _chain(env)
+    wrappers = [(type(w), {k: v for k, v in vars(w).items() if k not in ("venv", "class_attributes")})
+                for w in chain[:-1]]
+    return {"wrappers": wrappers, "base": chain[-1]}
 
 
 def _restore_env(state: Mapping[str, Any]) -> VecEnv:
-    if "env" in state:
+    if "env" in state:  # version 1
         return state["env"]
-    env = state["normalize"]
-    env.set_venv(state["venv"])
-    env.returns = state["returns"]  # set_venv zeroes the discounted returns the reward scale is updated with
+    if "normalize" in state:  # version 1
+        env = state["normalize"]
+        env.set_venv(state["venv"])
+        env.returns = state["returns"]  # set_venv zeroes the discounted returns the reward scale is updated with
+        return env
+    env = state["base"]
+    for cls, attributes in reversed(state["wrappers"]):
+        wrapper = cls.__new__(cls)
+        wrapper.__dict__.update(attributes)
+        wrapper.venv = env
+        wrapper.class_attributes = dict(inspect.getmembers(cls))  # what VecEnvWrapper.__init__ sets
+        env = wrapper
     return env
 
 
 def check_picklable(env: Any, env_id: str) -> None:
     """CheckpointError (with what to do) if checkpoints cannot hold ``env``."""
-    if isinstance(env, VecEnvWrapper) and not isinstance(env, VecNormalize) and \
-            any(isinstance(e, VecNormalize) for e in _chain(env)):
-        raise CheckpointError(f"{env_id}: checkpoints save a VecNormalize only as the outermost env wrapper; run it "
-                              "with --checkpoint-every 0")
     try:
         cloudpickle.dumps(_env_state(env))
     except Exception as err:  # noqa: BLE001 - any pickling failure means the same thing here
@@ -218,13 +234,20 @@ class Checkpointer(BaseCallback):
         """Write the checkpoint of the current state (atomically)."""
         t0 = time.perf_counter()
         model = self.model
+        replay = model.replay_buffer if isinstance(model, OffPolicyAlgorithm) else None
+        try:  # the frames added since the last checkpoint, in a chunk file of their own, before the state naming it
+            chunks = replay.save_frames(self.path.parent / REPLAY_DIR) if hasattr(replay, "save_frames") else None
+        except OSError as err:
+            raise CheckpointWriteError(f"{self.path.parent / REPLAY_DIR}: cannot write the replay frames "
+                                       f"({err.strerror or err}); the disk may be full") from err
         buffer = io.BytesIO()
         model.save(buffer)
         state = {
             "format": FORMAT, "version": VERSION, "step": int(model.num_timesteps),
             "config": self.config, "provenance": provenance(),
             "model": buffer.getvalue(),
-            "replay_buffer": model.replay_buffer if isinstance(model, OffPolicyAlgorithm) else None,
+            "replay_buffer": replay,
+            "replay_chunks": chunks,
             "env": _env_state(model.env),
             "rng": _rng_states(model),
             "gradients": _gradients(model),
@@ -236,6 +259,9 @@ class Checkpointer(BaseCallback):
         except OSError as err:
             raise CheckpointWriteError(f"{self.path}: cannot write the checkpoint ({err.strerror or err}); the disk "
                                        "may be full") from err
+        if chunks is not None:
+            prune_chunks(self.path.parent / REPLAY_DIR, chunks)
+            size += sum((self.path.parent / REPLAY_DIR / name).stat().st_size for name in chunks)
         self.last_step = state["step"]
         self.saved.append((state["step"], size, time.perf_counter() - t0))
 
@@ -255,8 +281,8 @@ def read_checkpoint(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] 
     except Exception as err:  # noqa: BLE001 - unpickling garbage raises anything
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {err}); delete it to "
                               "start the run afresh") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
-        raise CheckpointError(f"{path}: not a checkpoint of this version ({FORMAT} {VERSION})")
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") not in READABLE:
+        raise CheckpointError(f"{path}: not a checkpoint this version reads ({FORMAT} {', '.join(map(str, READABLE))})")
     saved, now = _comparable(state["config"]), _comparable(config)
     if saved != now:
         keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
@@ -273,13 +299,20 @@ def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in OUTPUT_KEYS}  # a resume may change these
 
 
-def restore_model(state: Mapping[str, Any], config: Mapping[str, Any]) -> BaseAlgorithm:
-    """The model of a checkpoint with its env and replay buffer (global RNGs are restored by the
+def restore_model(state: Mapping[str, Any], config: Mapping[str, Any], run_dir: Path) -> BaseAlgorithm:
+    """The model of a checkpoint in ``run_dir`` with its env and replay buffer (global RNGs are restored by the
     :class:`Checkpointer` at the first rollout start)."""
-    model = ALGOS[config["algo"]].model.load(io.BytesIO(state["model"]), env=_restore_env(state["env"]),
-                                             device=config["device"], force_reset=False)
+    with warnings.catch_warnings():  # SB3 saves the NStepReplayBuffer class it picked, then warns on load that
+        warnings.filterwarnings("ignore", message=r"`n_steps=\d+` is ignored")  # n_steps ignores a custom one
+        model = ALGOS[config["algo"]].model.load(io.BytesIO(state["model"]), env=_restore_env(state["env"]),
+                                                 device=config["device"], force_reset=False)
     model.set_logger(Logger(folder=None, output_formats=[]))
     if state["replay_buffer"] is not None:
         model.replay_buffer = state["replay_buffer"]
+        if state.get("replay_chunks") is not None:
+            try:
+                model.replay_buffer.load_frames(Path(run_dir) / REPLAY_DIR, state["replay_chunks"])
+            except OSError as err:
+                raise CheckpointError(f"{err}; delete {Path(run_dir) / CHECKPOINT} to start the run afresh") from None
     _set_gradients(model, state["gradients"])
     return model

@@ -97,6 +97,29 @@ def _atari_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, A
     return kwargs
 
 
+class PicklableEmulator(gym.Wrapper):
+    """Carries an ALE env's whole state through pickling, for checkpoints: ale-py's ``AtariEnv`` pickles as a new
+    env made from its constructor arguments (gymnasium's ``EzPickle``): a freshly started emulator with a fresh
+    ``np_random``. This keeps the emulator's state with its RNG (sticky actions) and the env's other attributes
+    (``np_random``, which draws the no-op resets, and the spaces' generators). Outermost of the Atari wrappers."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        atari = self.unwrapped
+        return {**vars(self), "_emulator": atari.clone_state(include_rng=True),
+                "_atari": {k: v for k, v in vars(atari).items() if k != "ale"}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        emulator, atari = state.pop("_emulator"), state.pop("_atari")
+        vars(self).update(state)
+        vars(self.unwrapped).update(atari)
+        self.unwrapped.restore_state(emulator)
+
+
+def _atari_wrappers(env: gym.Env, **kwargs: Any) -> gym.Env:
+    return PicklableEmulator(AtariWrapper(env, **kwargs))
+
+
 def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwargs: Mapping[str, Any] | None = None,
              max_episode_steps: int | None = None, frame_stack: int = 4,
              atari_wrapper_kwargs: Mapping[str, Any] | None = None) -> VecEnv:
@@ -107,7 +130,7 @@ def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwarg
     if is_atari(env_id):
         # what SB3's make_atari_env does, with our env kwargs (frameskip=1 for v5 ids)
         venv = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=_atari_env_kwargs(env_id, kwargs),
-                            wrapper_class=AtariWrapper, wrapper_kwargs=dict(atari_wrapper_kwargs or {}))
+                            wrapper_class=_atari_wrappers, wrapper_kwargs=dict(atari_wrapper_kwargs or {}))
         return VecFrameStack(venv, n_stack=frame_stack) if frame_stack and frame_stack > 1 else venv
     return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=kwargs)
 

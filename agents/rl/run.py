@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +34,8 @@ from probes.sb3 import ProbeCallback
 
 from .algos import ALGOS
 from .callbacks import RunCallback, final_return, stop_on_signals
-from .checkpoint import CHECKPOINT, CheckpointError, Checkpointer, check_picklable, read_checkpoint, restore_model
+from .checkpoint import (CHECKPOINT, REPLAY_DIR, CheckpointError, Checkpointer, check_picklable, read_checkpoint,
+                         restore_model)
 from .config import algo_kwargs
 from .envs import make_env
 from .policies import ActMinAtarCNN, ActNatureCNN
@@ -41,7 +43,7 @@ from .settings import OPTIMIZERS
 
 __all__ = ["build_env", "build_model", "online_parameters", "train", "checkpoint_every", "RUN_FILES"]
 
-RUN_FILES = ("run.h5", "model.zip", "summary.json", CHECKPOINT)
+RUN_FILES = ("run.h5", "model.zip", "summary.json", CHECKPOINT, REPLAY_DIR)
 
 
 def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
@@ -136,7 +138,7 @@ def _start(config: Mapping[str, Any], run_dir: Path, resume: bool) -> tuple[dict
         summary = _read_summary(run_dir)
         if summary is not None and summary.get("status") == "finished":
             print(f"{run_dir}: the run finished already ({summary['steps']} steps); nothing to resume", file=sys.stderr)
-            (run_dir / CHECKPOINT).unlink(missing_ok=True)
+            _remove_checkpoint(run_dir)
             return None, summary
         state = read_checkpoint(run_dir, config)
         if state is not None:
@@ -150,9 +152,22 @@ def _start(config: Mapping[str, Any], run_dir: Path, resume: bool) -> tuple[dict
         hint = " (--resume continues it from its checkpoint)" if (run_dir / CHECKPOINT).exists() and not resume else ""
         print(f"{run_dir}: replacing the files of an earlier run ({', '.join(stale)}){hint}", file=sys.stderr)
         for name in stale:
-            (run_dir / name).unlink()
+            _remove(run_dir / name)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return None, None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _remove_checkpoint(run_dir: Path) -> None:
+    """Delete the checkpoint and its replay chunks (the run is complete)."""
+    _remove(run_dir / CHECKPOINT)
+    _remove(run_dir / REPLAY_DIR)
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -257,7 +272,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
                 every = 0
         model = build_model(config, env)
     else:
-        model = restore_model(state, config)
+        model = restore_model(state, config, run_dir)
         env = model.get_env()
     sb3_log = config.get("sb3_log") or []
     if sb3_log:  # SB3's own outputs (CSV, TensorBoard, ...), dumped by learn every episode / rollout
@@ -309,7 +324,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
         summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         if status == "finished":
-            (run_dir / CHECKPOINT).unlink(missing_ok=True)  # the run is complete: model.zip and the log hold it
+            _remove_checkpoint(run_dir)  # the run is complete: model.zip and the log hold it
     if status == "interrupted":
         where = (f"; continue it with --resume (checkpoint at step {callbacks[-1].last_step})"
                  if every and callbacks[-1].last_step is not None else "")
