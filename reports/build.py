@@ -25,7 +25,7 @@ from .labels import scalar_label, step_label
 __all__ = ["build_report", "report_parts", "run_tables", "SCALARS"]
 
 #: Scalars plotted first, in this order; any others follow alphabetically.
-SCALARS = ("episode_return", "test_mse", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate")
+SCALARS = ("episode_return", "eval_return", "test_mse", "episode_length", "eval_length", "loss", "actor_loss", "critic_loss", "learning_rate")
 
 
 #: at most this many configurations are drawn side by side (one column each) in the gradient-covariance figure

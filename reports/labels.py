@@ -8,6 +8,7 @@ __all__ = ["SCALAR_LABELS", "scalar_label", "step_label"]
 
 #: y-axis labels of the scalars, with units
 SCALAR_LABELS = {"episode_return": "episode return (sum of rewards)", "episode_length": "episode length (env steps)",
+                 "eval_return": "evaluation return (greedy, whole games)", "eval_length": "evaluation length (env steps)",
                  "test_mse": "test MSE", "loss": "training loss", "actor_loss": "actor loss",
                  "critic_loss": "critic loss", "learning_rate": "learning rate"}
 
@@ -19,9 +20,9 @@ def _is_atari(config: Mapping) -> bool:
 
 def scalar_label(name: str, config: Mapping) -> str:
     """The y-axis label of a scalar series, with its unit (Atari episode lengths count emulator frames)."""
-    if name == "episode_length" and _is_atari(config):
+    if name in ("episode_length", "eval_length") and _is_atari(config):
         skip = (config.get("atari_wrapper_kwargs") or {}).get("frame_skip", 4)
-        return f"episode length (emulator frames, {skip} per agent step)"
+        return f"{'episode' if name == 'episode_length' else 'evaluation'} length (emulator frames, {skip} per agent step)"
     return SCALAR_LABELS.get(name, name.replace("_", " "))
 
 

@@ -48,10 +48,11 @@ ALGOS = {
     # Atari: ALE's emulator state, the Atari wrappers and frame stack, the frame buffer's chunk files (the buffer
     # wraps: 400 transitions of 600 steps, so chunks are also pruned)
     "atari-dqn": ["dqn", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100", "--set",
-                  "buffer_size=400", "--probe", "gradcov", "--probe-every", "300", "--checkpoint-every", "150"],
+                  "buffer_size=400", "--probe", "gradcov", "--probe-every", "300", "--checkpoint-every", "150",
+                  "--threads", "1"],
     "atari-rainbow": ["rainbow", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100",
                       "--set", "buffer_size=400", "--probe", "gradcov", "--probe-every", "300",
-                      "--checkpoint-every", "150"],
+                      "--checkpoint-every", "150", "--threads", "1"],
 }
 _seeded = random.Random(13)
 #: scenario -> how the first attempt dies: a kill point (NAME:N), a seeded SIGKILL delay, or SIGTERM after a delay

@@ -215,10 +215,11 @@ def test_tiny_sac_run(tmp_path, act):
 
 @pytest.mark.filterwarnings("ignore:`n_steps=3` is ignored")  # SB3 warns on load; the buffer keeps n_steps
 def test_atari_dqn_elephant_with_gradcov_probe(tmp_path):
-    """The user's command: python -m agents.train dqn --env ALE/Amidar-v5 --act elephant --probe gradcov."""
+    """The user's command: python -m agents.train dqn --env ALE/Amidar-v5 --act elephant --probe gradcov, with a
+    cadence (the Atari default probes only at the paper's points, beyond 300 steps)."""
     summary = _train(["dqn", "--env", "ALE/Amidar-v5", "--act", "elephant", "--probe", "gradcov", "--steps", "300",
-                      "--out", str(tmp_path)])
-    run_dir = tmp_path / "dqn" / "ALE-Amidar-v5" / "elephant" / "n_timesteps=300" / "seed0"
+                      "--probe-every", "30", "--set", "buffer_size=1000", "--out", str(tmp_path)])
+    run_dir = tmp_path / "dqn" / "ALE-Amidar-v5" / "elephant" / "buffer_size=1000,n_timesteps=300" / "seed0"
     assert summary["run_dir"] == str(run_dir)
     r = _check_run(run_dir, 300)
     gradcov = r["run"].probes["gradcov"]

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from agents.signals import STOP_SIGNALS, handling
 
-__all__ = ["RunCallback", "stop_on_signals", "final_return"]
+__all__ = ["RunCallback", "stop_on_signals", "final_return", "duration"]
 
 #: seconds of training before a long run says how long it will take
 ESTIMATE_AFTER_S = 30.0
@@ -30,7 +30,7 @@ LONG_S = 600.0
 LINES = 10
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """``2 h 05 min``, ``7 min``, ``40 s``."""
     if not math.isfinite(seconds):
         return "an unknown time"
@@ -151,7 +151,7 @@ class RunCallback(BaseCallback):
             total = self.total / rate if rate > 0 else math.inf
             if total >= LONG_S and (self.progress or self.lines):
                 end = time.strftime("%a %H:%M", time.localtime(time.time() + (self.total - step) / rate))
-                print(f"{self.desc}: {rate:,.0f} steps/s here, so the run takes about {_duration(total)} in all "
+                print(f"{self.desc}: {rate:,.0f} steps/s here, so the run takes about {duration(total)} in all "
                       f"(done around {end})", file=sys.stderr, flush=True)
         if self.lines and self._next_line <= step < self.total:
             self._next_line = self._after(step)
@@ -159,7 +159,7 @@ class RunCallback(BaseCallback):
             if now > last_time and step > last_step:  # the recent pace (after learning_starts, say)
                 rate = (step - last_step) / (now - last_time)
             self._mark = (step, now)
-            left = f", about {_duration((self.total - step) / rate)} left" if rate > 0 else ""
+            left = f", about {duration((self.total - step) / rate)} left" if rate > 0 else ""
             print(f"{self.desc}: step {step:,} of {self.total:,} ({100 * step / self.total:.0f}%), "
                   f"{rate:,.0f} steps/s{left}", file=sys.stderr, flush=True)
 

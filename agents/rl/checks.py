@@ -149,3 +149,10 @@ def ent_coef(value: Any) -> str | float:
 
 def target_entropy(value: Any) -> str | float:
     return value if value == "auto" else real()(value)
+
+
+def scale_at(value: Any) -> bool | int | None:
+    """``scale_probe_at``: null/false (no scaling), true (resolved to the YAML's run length) or a step count."""
+    if value is None or isinstance(value, bool):
+        return value
+    return integer(1)(value)

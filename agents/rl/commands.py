@@ -117,6 +117,9 @@ class RLCommand:
                             "are always logged)")
         p.add_argument("--probe-every", dest="probe_every", type=_int, default=S, metavar="N",
                        help="env steps between probe records (default: a tenth of the run)")
+        p.add_argument("--scale-probe-at", dest="scale_probe_at", action="store_const", const=True, default=S,
+                       help="scale the probes' chosen steps (probe_kwargs ...at; Atari: the paper's gradient "
+                            "covariance at 0.2M, 6.2M and 12.2M of 12.5M steps) to this run's length")
         g.add_argument("--checkpoint-every", dest="checkpoint_every", type=_int, default=S, metavar="N",
                        help="env steps between checkpoints for --resume (default: a tenth of the run; 0: none)")
         g.add_argument("--sb3-log", dest="sb3_log", default=S, metavar="FORMATS",

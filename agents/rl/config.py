@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 import yaml
 
 from agents.commands import ConfigError, read_yaml
@@ -34,7 +35,7 @@ from .derive import derive
 from .envs import check_env_id, is_atari, is_minatar
 from .settings import OPTIMIZERS, DQNSettings, PPOSettings, RainbowSettings, SACSettings, checks
 
-__all__ = ["ALIASES", "act_args", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
+__all__ = ["ALIASES", "act_args", "probe_arguments", "resolve", "hyperparams", "run_tag", "algo_kwargs", "RUNTIME_KEYS"]
 
 
 #: flag names -> config keys
@@ -202,6 +203,8 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     _check_policy_kwargs(algo, config.get("policy_kwargs") or {})
     _resolve_activation(config, act_flags, from_file, flags)
     config.pop("activations", None)
+    if config.get("scale_probe_at") is True:  # the length the YAML's at-steps were written for
+        config["scale_probe_at"] = int(_merge(*layers).get("n_timesteps") or config["n_timesteps"])
     _resolve_probes(config)
     config.setdefault("seed", 0)
     config.setdefault("device", "cpu")
@@ -290,14 +293,24 @@ def _resolve_probes(config: dict[str, Any]) -> None:
     every = config.get("probe_every")
     if every is None:
         every = max(1, config["n_timesteps"] // 10)  # ten records per run
+    config["probe_every"] = every
+    config["probe_kwargs"] = {k: c.mapping(v) for k, v in kwargs.items()}
     for name in names:
         try:
-            make_probe(name, every=every, **c.mapping(kwargs.get(name)))
+            make_probe(name, **probe_arguments(config, name))
         except (ValueError, TypeError) as err:
             raise ConfigError(f"probe {name!r}: {err}") from None
     config["probe"] = names
-    config["probe_every"] = every
-    config["probe_kwargs"] = {k: c.mapping(v) for k, v in kwargs.items()}
+
+
+def probe_arguments(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The arguments probe ``name`` is built with: its ``probe_kwargs``, ``every`` = ``probe_every`` (0: None, only
+    at its chosen steps), its ``at`` steps scaled by ``n_timesteps / scale_probe_at`` when ``scale_probe_at`` is set."""
+    kwargs = {**c.mapping(config.get("probe_kwargs", {}).get(name)), "every": config["probe_every"] or None}
+    of = config.get("scale_probe_at")
+    if of and kwargs.get("at"):
+        kwargs["at"] = sorted({max(1, round(a * config["n_timesteps"] / of)) for a in kwargs["at"]})
+    return kwargs
 
 
 def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -33,11 +31,13 @@ from probes.runlog import RunLogWriteError
 from probes.sb3 import ProbeCallback
 
 from .algos import ALGOS
-from .callbacks import RunCallback, final_return, stop_on_signals
+from .budget import CALIBRATE_ABOVE, available_memory, check_memory, estimate_seconds, fmt_bytes, replay_bytes, rss
+from .callbacks import RunCallback, duration, final_return, stop_on_signals
 from .checkpoint import (CHECKPOINT, REPLAY_DIR, CheckpointError, Checkpointer, check_picklable, read_checkpoint,
                          restore_model)
-from .config import algo_kwargs
-from .envs import make_env
+from .config import algo_kwargs, probe_arguments
+from .envs import is_atari, make_env
+from .evaluation import EvalCallback
 from .policies import ActMinAtarCNN, ActNatureCNN
 from .settings import OPTIMIZERS
 
@@ -56,6 +56,17 @@ def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
     if obs or reward:
         env = VecNormalize(env, norm_obs=obs, norm_reward=reward, gamma=config.get("gamma", 0.99))
     return env
+
+
+def build_eval_env(config: Mapping[str, Any], seed: int) -> VecEnv:
+    """The evaluation env of a resolved config: the training env's settings, one env, and for Atari no episodic
+    life and no reward clipping (whole games, real scores: the authors' test envs)."""
+    wrapper = dict(config.get("atari_wrapper_kwargs") or {})
+    if is_atari(config["env"]):
+        wrapper.update(terminal_on_life_loss=False, clip_reward=False)
+    return make_env(config["env"], n_envs=1, seed=seed, env_kwargs=config.get("env_kwargs"),
+                    max_episode_steps=config.get("max_episode_steps"), frame_stack=config.get("frame_stack", 4),
+                    atari_wrapper_kwargs=wrapper)
 
 
 def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,31 +194,24 @@ def checkpoint_every(config: Mapping[str, Any]) -> int:
     return max(1, config["n_timesteps"] // 10) if every is None else int(every)
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return ""
-
-
-def _plan(config: Mapping[str, Any], model: BaseAlgorithm) -> str:
-    """What the run will do and hold: env steps to go and the replay buffer's memory when full (with a warning
-    when it would not fit in this machine's memory); the duration follows after the first 30 s of training."""
+def _plan(config: Mapping[str, Any], model: BaseAlgorithm, replay: int, peak: int) -> str:
+    """What the run will do and hold: env steps to go (and for long Q-learning runs updates and the estimated
+    duration on this machine), the replay buffer's memory and the peak memory (:mod:`agents.rl.budget`)."""
     steps, done = config["n_timesteps"], int(model.num_timesteps)
     text = f"{steps:,} env steps" + (f" ({steps - done:,} to go)" if done else "")
-    buffer = getattr(model, "replay_buffer", None)
-    if buffer is not None:
-        size = sum(v.nbytes for v in vars(buffer).values() if isinstance(v, np.ndarray))
-        text += f"; replay buffer of {buffer.buffer_size:,} transitions, {_bytes(size)} when full"
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if size > 0.8 * memory:
-            text += f" (WARNING: this machine has {_bytes(memory)} of memory; lower buffer_size)"
+    if steps - done > CALIBRATE_ABOVE and (est := estimate_seconds(
+            config, model, lambda: build_env(config, seed=config["seed"] + 7919))) is not None:
+        seconds, updates = est
+        text += (f", {updates:,} updates: about {duration(seconds)} on this machine (probes, evaluations and "
+                 "checkpoints extra)")
+    if replay:
+        text += f"; replay buffer of {config['buffer_size']:,} transitions: {fmt_bytes(replay)}"
+    text += f"; peak memory about {fmt_bytes(peak)} of {fmt_bytes(available_memory() + rss())}"
     return text
 
 
 def _summary(status: str, model: BaseAlgorithm, algo: str, run_cb: RunCallback, run_dir: Path,
-             checkpointer: Checkpointer | None) -> dict[str, Any]:
+             checkpointer: Checkpointer | None, evaluation: EvalCallback | None) -> dict[str, Any]:
     """The run's ``summary.json``."""
     wall = run_cb.wall_seconds
     summary = {
@@ -220,6 +224,8 @@ def _summary(status: str, model: BaseAlgorithm, algo: str, run_cb: RunCallback, 
         "parameters": online_parameters(model, algo),
         "run_dir": str(run_dir),
     }
+    if evaluation is not None and evaluation.last is not None:  # (the run log has every evaluation)
+        summary["last_eval"] = {"step": evaluation.last[0], "mean_return": evaluation.last[1]}
     if checkpointer is not None:
         saved = checkpointer.saved
         summary["checkpoints"] = {"written": len(saved), "bytes": saved[-1][1] if saved else None,
@@ -270,21 +276,29 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
                 print(f"note: {config['env']} runs without checkpoints (its environment does not pickle); --resume "
                       "would start it afresh", file=sys.stderr)
                 every = 0
+        replay, peak = check_memory(config, env)  # refuses a buffer that does not fit, before allocating it
         model = build_model(config, env)
     else:
         model = restore_model(state, config, run_dir)
         env = model.get_env()
+        replay, peak = replay_bytes(config, env.observation_space, env.action_space), rss()  # (buffer loaded)
     sb3_log = config.get("sb3_log") or []
     if sb3_log:  # SB3's own outputs (CSV, TensorBoard, ...), dumped by learn every episode / rollout
         model.set_logger(configure(str(run_dir / "sb3"), sb3_log))
-    probes = [make_probe(name, every=config["probe_every"], **config["probe_kwargs"].get(name, {}))
-              for name in config["probe"]]
+    probes = [make_probe(name, **probe_arguments(config, name)) for name in config["probe"]]
+    for probe in probes:
+        if state is None and (late := [a for a in probe.at if a > config["n_timesteps"]]):
+            print(f"note: probe {probe.name} at steps {late} will not run in {config['n_timesteps']:,} steps "
+                  "(--scale-probe-at scales its chosen steps to the run)", file=sys.stderr)
+        if state is None and probe.every is None and not probe.at:
+            print(f"note: probe {probe.name} will not run: probe_every is 0 and it has no chosen steps (at); set "
+                  "--probe-every N", file=sys.stderr)
     # the log's config: what the run computes (torch_threads stays, as in logs written before OUTPUT_KEYS)
     log_config = {k: v for k, v in config.items() if k == "torch_threads" or k not in OUTPUT_KEYS}
     steps = config["n_timesteps"]
     desc = f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}"
     if alone:
-        print(f"{desc}: {_plan(config, model)}", file=sys.stderr, flush=True)
+        print(f"{desc}: {_plan(config, model, replay, peak)}", file=sys.stderr, flush=True)
     run_cb = RunCallback(steps, progress=progress, lines=alone, resume=None if state is None else state["run"],
                          desc=desc)
     probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
@@ -293,6 +307,9 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
                              context=ALGOS[config["algo"]].probe_context,
                              resume=None if state is None else state["probes"])
     callbacks = [run_cb, probe_cb]
+    if config.get("eval_every"):
+        callbacks.append(EvalCallback(lambda s: build_eval_env(config, s), config["eval_every"],
+                                      config.get("eval_episodes", 5), config["seed"], probe_cb))
     if every:
         callbacks.append(Checkpointer(run_dir, every, config=log_config, run_cb=run_cb, probe_cb=probe_cb,
                                       resume=state))
@@ -321,7 +338,8 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
         env.close()
 
         status = run_cb.stop_reason or "finished"
-        summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None)
+        summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None,
+                           next((cb for cb in callbacks if isinstance(cb, EvalCallback)), None))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         if status == "finished":
             _remove_checkpoint(run_dir)  # the run is complete: model.zip and the log hold it

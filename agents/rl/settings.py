@@ -64,9 +64,16 @@ class Common:
                                           "authors' PPO and SAC on MuJoCo)")
     normalize_reward: bool = _s(c.boolean(), "scale rewards by the running std of the discounted return (VecNormalize; "
                                              "the authors' PPO on MuJoCo)")
+    eval_every: int | None = _s(c.integer(1, optional=True), "env steps between evaluations (greedy episodes on an "
+                                "env without Atari's episodic life and reward clipping, logged as eval_return); "
+                                "null: none")
+    eval_episodes: int = _s(c.integer(1), "episodes per evaluation")
     probe: list = _s(c.names, "probes to run")
-    probe_every: int | None = _s(c.integer(1, optional=True), "env steps between probe records; null: a tenth")
-    probe_kwargs: dict = _s(c.mapping, "per-probe arguments {probe: {argument: value}}")
+    probe_every: int | None = _s(c.integer(0, optional=True), "env steps between probe records; null: a tenth of the "
+                                                              "run; 0: only at each probe's chosen steps (at)")
+    probe_kwargs: dict = _s(c.mapping, "per-probe arguments {probe: {argument: value}}, e.g. at: [steps]")
+    scale_probe_at: bool | int | None = _s(c.scale_at, "the run length the probes' at-steps are written for (true: "
+                                                       "the env's default length): they are scaled to n_timesteps")
     probe_inputs: int = _s(c.integer(1), "fixed probe inputs")
     torch_threads: int | None = _s(c.integer(1, optional=True), "torch threads; null: 1 for MLPs")
     progress: bool | None = _s(c.boolean(True), "progress bar; null: when stderr is a terminal")

@@ -1,0 +1,168 @@
+"""The Atari study (issue 17): evaluation and training returns per game, and the paper's gradient-covariance figure.
+
+    python -m reports.atari RUNS_DIR [MORE ...] -o OUT/
+
+Runs (DQN or Rainbow on ALE ids, finished) are grouped by algorithm, game, activation and the rest of their config
+(the seed aside). Per (algorithm, game):
+
+* evaluation returns (``eval_return``: greedy episodes on whole games, real scores, the authors' protocol), mean over
+  each evaluation's episodes, then mean ± SE over seeds at each evaluation step; training returns (``episode_return``:
+  whole games under epsilon-greedy, unclipped) as a trailing mean of 20 games;
+* the gradient covariance figure as the paper's (Amidar in the paper): the activations side by side in columns, one
+  row per recorded point (0.2M, 6.2M, 12.2M steps at full length), one seed (the lowest) per activation;
+* a table: last evaluation (mean ± SE over seeds), seeds, env steps, env steps/s (``summary.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from probes.runlog import Run, RunLogError
+
+from .cli import OutputDirError, load_runs, study_inputs, study_parser
+from .data import Curve, config_key, finished, gradcov_losses, learning_curve, select_records
+from .html import Table, write_index
+from .plots import activation_color, gradcov_heatmaps, mean_curves, save
+
+__all__ = ["Group", "groups", "eval_curve", "main"]
+
+ALGOS = ("dqn", "rainbow")
+
+
+def _is_atari(env: str) -> bool:
+    return env.startswith("ALE/") or "NoFrameskip" in env
+
+
+@dataclass
+class Group:
+    """Runs of one configuration (all seeds)."""
+
+    algo: str
+    env: str
+    act: str
+    config: dict
+    runs: list[Run]
+
+    def summary_mean(self, key: str) -> float:
+        values = []
+        for r in self.runs:
+            try:
+                values.append(float(json.loads((Path(r.path).parent / "summary.json").read_text())[key]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        return float(np.mean(values)) if values else math.nan
+
+
+def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
+    """Finished DQN/Rainbow runs on ALE ids, grouped by config except the seed; a warning per Atari run left out."""
+    found: dict[str, Group] = {}
+    warnings = []
+    for run in sorted(runs, key=lambda r: r.path):
+        c = run.config
+        if c.get("algo") not in ALGOS or not _is_atari(str(c.get("env", ""))):
+            continue
+        if not finished(run):
+            warnings.append(f"{run.path}: unfinished run; left out")
+            continue
+        group = found.setdefault(config_key(c), Group(c["algo"], c["env"], c["act"], c, []))
+        group.runs.append(run)
+    return list(found.values()), warnings
+
+
+def eval_curve(runs: Sequence[Run]) -> Curve | None:
+    """Mean evaluation return per evaluation step of each run ``(R, T)`` at the steps every run evaluated."""
+    per_run = []
+    for run in runs:
+        steps, values = run.scalars.get("eval_return", (np.array([]), np.array([])))
+        if len(steps):
+            at = np.unique(steps)
+            per_run.append({int(s): float(values[steps == s].mean()) for s in at})
+    if not per_run:
+        return None
+    common = sorted(set.intersection(*(set(r) for r in per_run)))
+    if not common:
+        return None
+    return Curve(steps=np.array(common, dtype=float), values=np.array([[r[s] for s in common] for r in per_run]))
+
+
+def _fmt(values: Sequence[float]) -> str:
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return ""
+    sem = v.std(ddof=1) / math.sqrt(v.size) if v.size > 1 else math.nan
+    return f"{v.mean():.1f} ± {sem:.1f}" if math.isfinite(sem) else f"{v.mean():.1f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
+    args = study_parser("python -m reports.atari", __doc__).parse_args(argv)
+    try:
+        runs = load_runs(args.paths)
+        found, out = study_inputs(runs, args.out, groups, "no finished DQN or Rainbow runs on Atari under "
+                                  f"{', '.join(map(str, args.paths))}")
+    except (RunLogError, OutputDirError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    by: dict[tuple[str, str], list[Group]] = defaultdict(list)
+    for g in found:
+        by[(g.algo, g.env)].append(g)
+    rows, sections = [], defaultdict(list)
+    for (algo, env), gs in sorted(by.items()):
+        gs = sorted(gs, key=lambda g: g.act)
+        agent = "DQN" if algo == "dqn" else "Rainbow"
+        slug = f"{algo}_{env.replace('/', '-')}"
+        for g in gs:
+            last = []
+            for run in g.runs:
+                steps, values = run.scalars.get("eval_return", (np.array([]), np.array([])))
+                if len(steps):
+                    last.append(float(values[steps == steps.max()].mean()))
+            rows.append([agent, env, g.act, _fmt(last), str(len(g.runs)), f"{int(g.config['n_timesteps']):,}",
+                         f"{g.summary_mean('steps_per_second'):.0f}"])
+        colors = {g.act: activation_color(g.act) for g in gs}
+        panels = {}
+        evals = {g.act: c for g in gs if (c := eval_curve(g.runs)) is not None}
+        if evals:
+            panels["evaluation return (greedy, whole games)"] = evals
+        train = {g.act: c for g in gs if (c := learning_curve(g.runs, window=20)) is not None}
+        if train:
+            panels["training return (trailing mean of 20 games)"] = train
+        if panels:
+            save(mean_curves(panels, title=f"{agent} on {env}: mean ± SE over seeds", colors=colors,
+                             xlabel="env step"), out / f"{slug}_returns.png")
+            sections["Returns"].append((f"{agent} on {env}", f"{slug}_returns.png"))
+        heat = {}
+        for g in gs:
+            run = min(g.runs, key=lambda r: r.seed)
+            losses = gradcov_losses(run)
+            if losses:
+                steps = [int(s) for s in run.probes["gradcov"]["step"]]
+                heat[g.act] = (losses[0], select_records(run, "gradcov", losses[0], steps))
+        if heat:
+            loss = next(iter(heat.values()))[0]
+            fig = gradcov_heatmaps({act: recs for act, (_, recs) in heat.items()}, loss, side_by_side=True)
+            save(fig, out / f"{slug}_gradcov.png")
+            sections["Gradient covariance (the paper's figure: activations side by side, rows = training points)"]\
+                .append((f"{agent} on {env}: C_ij of 32 replay samples ({loss} loss)", f"{slug}_gradcov.png"))
+    table = Table("Last evaluation (mean over its episodes, then mean ± SE over seeds)",
+                  ["agent", "game", "activation", "last evaluation", "seeds", "steps per run", "env steps/s"], rows)
+    notes = ["Evaluation: greedy episodes (epsilon 0; Rainbow's noisy layers at their mean weights) on an env without "
+             "episodic life or reward clipping, every eval_every steps (the authors': 5 episodes every 100k steps). "
+             "Training returns: whole games from the Monitor under the Atari wrappers (unclipped)."]
+    index = write_index(out, "Atari: DQN and Rainbow", [table], dict(sections), notes=notes)
+    for row in rows:
+        print("  ".join(row))
+    print(index)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
