@@ -233,7 +233,7 @@ def test_atari_dqn_elephant_with_gradcov_probe(tmp_path):
     model = PaperDQN.load(run_dir / "model.zip", device="cpu")
     ext = model.q_net.features_extractor
     assert sum(isinstance(m, Elephant) for m in ext.modules()) == 1
-    assert model.learning_rate == 1e-4 and model.n_steps == 3
+    assert model.learning_rate == 1e-4 and model.replay_buffer_kwargs["n_steps"] == 3  # (the frame buffer's)
 
 
 def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):

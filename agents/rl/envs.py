@@ -12,7 +12,8 @@
   reward clipping; OpenCV does the frame warp) plus
   ``VecFrameStack``. v5 ids skip frames themselves, so they are created with
   ``frameskip=1`` and the skipping is left to the wrapper (frames are never skipped twice). Episode returns come
-  from the ``Monitor`` under the wrappers, i.e. the unclipped score of a whole game.
+  from the ``Monitor`` under the wrappers, i.e. the unclipped score of a whole game. :class:`PicklableEmulator`,
+  outermost, carries the emulator's state through pickling (checkpoints).
 """
 
 from __future__ import annotations

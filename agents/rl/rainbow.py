@@ -12,7 +12,8 @@ Every component is a setting, so that "Rainbow with everything off" is a plain D
   replay on a sum tree (:class:`SumTree`, :class:`PrioritizedReplayBuffer`), priorities ``(x + eps)^alpha`` with
   ``x`` the per-sample cross-entropy (C51) or ``|TD error|``,
   importance weights ``(N P(i))^-beta`` normalised by the largest possible one, beta annealed linearly from
-  ``per_beta0`` to 1 over ``per_beta_steps`` env steps.
+  ``per_beta0`` to 1 over ``per_beta_steps`` env steps. With ``replay: frames`` the priorities sit over the
+  frame-deduplicated buffer (:class:`PrioritizedFrameReplayBuffer`; Atari).
 * ``n_steps``: n-step returns (SB3's :class:`NStepReplayBuffer` logic, which cuts the window at a termination, with
   no bootstrap, and at a truncation, bootstrapping from the observation where the episode was cut).
 * ``dueling``: value and advantage streams, ``Q = V + A - mean_a A`` (on the atoms' logits when distributional).

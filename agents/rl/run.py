@@ -3,7 +3,8 @@
 A run directory holds ``config.yaml`` (the resolved config, written first), ``run.h5`` (the
 :class:`probes.sb3.ProbeCallback` log: probes, episode returns and lengths, losses; always written),
 ``model.zip`` (``model.save``; load with the algorithm's class, ``agents.rl.algos.ALGOS[name].model.load``),
-``summary.json`` and, until the run finishes, ``checkpoint.pkl`` (:mod:`agents.rl.checkpoint`).
+``summary.json`` and, until the run finishes, ``checkpoint.pkl`` (:mod:`agents.rl.checkpoint`; with a frame buffer
+also ``replay/``, its frames in chunks).
 """
 
 from __future__ import annotations
