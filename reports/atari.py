@@ -15,21 +15,19 @@ Runs (DQN or Rainbow on ALE ids, finished) are grouped by algorithm, game, activ
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from probes.runlog import Run, RunLogError
+from probes.runlog import Run
 
-from .cli import OutputDirError, load_runs, study_inputs, study_parser
-from .data import Curve, config_key, finished, gradcov_losses, learning_curve, select_records
-from .html import Table, write_index
+from .cli import open_study, publish_study
+from .data import (Curve, config_key, finished, format_mean_sem, gradcov_losses, learning_curve, mean_sem,
+                   select_records, summary_mean)
+from .html import Table
 from .plots import activation_color, gradcov_heatmaps, mean_curves, save
 
 __all__ = ["Group", "groups", "eval_curve", "main"]
@@ -50,15 +48,6 @@ class Group:
     act: str
     config: dict
     runs: list[Run]
-
-    def summary_mean(self, key: str) -> float:
-        values = []
-        for r in self.runs:
-            try:
-                values.append(float(json.loads((Path(r.path).parent / "summary.json").read_text())[key]))
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        return float(np.mean(values)) if values else math.nan
 
 
 def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
@@ -93,24 +82,12 @@ def eval_curve(runs: Sequence[Run]) -> Curve | None:
     return Curve(steps=np.array(common, dtype=float), values=np.array([[r[s] for s in common] for r in per_run]))
 
 
-def _fmt(values: Sequence[float]) -> str:
-    v = np.asarray(values, dtype=float)
-    if v.size == 0:
-        return ""
-    sem = v.std(ddof=1) / math.sqrt(v.size) if v.size > 1 else math.nan
-    return f"{v.mean():.1f} ± {sem:.1f}" if math.isfinite(sem) else f"{v.mean():.1f}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    args = study_parser("python -m reports.atari", __doc__).parse_args(argv)
-    try:
-        runs = load_runs(args.paths)
-        found, out = study_inputs(runs, args.out, groups, "no finished DQN or Rainbow runs on Atari under "
-                                  f"{', '.join(map(str, args.paths))}")
-    except (RunLogError, OutputDirError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    opened = open_study("python -m reports.atari", __doc__, argv, groups, "finished DQN or Rainbow runs on Atari")
+    if opened is None:
         return 2
+    _, found, out = opened
     by: dict[tuple[str, str], list[Group]] = defaultdict(list)
     for g in found:
         by[(g.algo, g.env)].append(g)
@@ -125,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 steps, values = run.scalars.get("eval_return", (np.array([]), np.array([])))
                 if len(steps):
                     last.append(float(values[steps == steps.max()].mean()))
-            rows.append([agent, env, g.act, _fmt(last), str(len(g.runs)), f"{int(g.config['n_timesteps']):,}",
-                         f"{g.summary_mean('steps_per_second'):.0f}"])
+            rows.append([agent, env, g.act, format_mean_sem(*mean_sem(last), digits=1) if last else "", str(len(g.runs)), f"{int(g.config['n_timesteps']):,}",
+                         f"{summary_mean(g.runs, 'steps_per_second'):.0f}"])
         colors = {g.act: activation_color(g.act) for g in gs}
         panels = {}
         evals = {g.act: c for g in gs if (c := eval_curve(g.runs)) is not None}
@@ -157,11 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes = ["Evaluation: greedy episodes (epsilon 0; Rainbow's noisy layers at their mean weights) on an env without "
              "episodic life or reward clipping, every eval_every steps (the authors': 5 episodes every 100k steps). "
              "Training returns: whole games from the Monitor under the Atari wrappers (unclipped)."]
-    index = write_index(out, "Atari: DQN and Rainbow", [table], dict(sections), notes=notes)
-    for row in rows:
-        print("  ".join(row))
-    print(index)
-    return 0
+    return publish_study(out, "Atari: DQN and Rainbow", [table], dict(sections), notes, rows)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run, RunLogError
+from probes.runlog import Run
 
-from .cli import OutputDirError, load_runs, study_inputs, study_parser
+from .cli import open_study
 from .data import config_key, config_labels, final_return, finished, run_end, training_length
 from .html import Table, write_index
 from .plots import group_colors, save
@@ -133,13 +133,10 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    args = study_parser("python -m reports.classic", __doc__).parse_args(argv)
-    try:
-        rows, out = study_inputs(load_runs(args.paths), args.out, classic_table,
-                                 f"no finished DQN runs with episodes under {', '.join(map(str, args.paths))}")
-    except (RunLogError, OutputDirError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    opened = open_study("python -m reports.classic", __doc__, argv, classic_table, "finished DQN runs with episodes")
+    if opened is None:
         return 2
+    _, rows, out = opened
     save(buffer_figure(rows), out / "buffer_sizes.png")
     settings = any(r.setting for r in rows)
     columns = ["env", "activation", *(["setting"] if settings else []), "buffer", "best lr", "final return", "seeds"]

@@ -14,7 +14,8 @@ from typing import Any
 from probes.logcheck import check_logs
 from probes.runlog import Run, RunLogError, find_runs, read_run
 
-__all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "study_parser", "study_inputs", "warn"]
+__all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "study_parser", "study_inputs", "open_study",
+           "publish_study", "warn"]
 
 
 class OutputDirError(ValueError):
@@ -123,3 +124,31 @@ def study_inputs(runs: Sequence[Run], out: str | os.PathLike, select: Callable[[
     if not items:
         raise RunLogError(nothing)
     return items, output_dir(out)
+
+
+def open_study(prog: str, description: str, argv: Sequence[str] | None,
+               select: Callable[[list[Run]], tuple[list[Any], list[str]]], what: str
+               ) -> tuple[list[Run], list[Any], Path] | None:
+    """A study report's start: its arguments (:func:`study_parser`), runs and items (:func:`study_inputs`; ``what``
+    names the runs it needs in the error when there are none). None, with the error printed, on bad input."""
+    args = study_parser(prog, description).parse_args(argv)
+    try:
+        runs = load_runs(args.paths)
+        items, out = study_inputs(runs, args.out, select, f"no {what} under {', '.join(map(str, args.paths))}")
+    except (RunLogError, OutputDirError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+    return runs, items, out
+
+
+def publish_study(out: Path, title: str, tables: Sequence[Any], sections: dict[str, list[tuple[str, str]]],
+                  notes: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
+    """Write a study's ``index.html`` (:func:`reports.html.write_index`), print its table rows and the page's path;
+    the exit code (0)."""
+    from .html import write_index
+
+    index = write_index(out, title, list(tables), sections, notes=list(notes))
+    for row in rows:
+        print("  ".join(row))
+    print(index)
+    return 0

@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,8 @@ __all__ = [
     "partition", "short_labels", "MAX_LABEL", "DistanceCurve", "ntk_vs_distance",
     "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
     "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
-    "probe_inputs", "probe_schema", "field_doc", "probe_fields",
+    "probe_inputs", "probe_schema", "field_doc", "probe_fields", "summary_mean", "mean_sem",
+    "format_mean_sem",
 ]
 
 
@@ -290,6 +292,28 @@ def layer_names(run: Run, probe: str, key: str, n: int) -> list[str]:
 
 
 # --- record selection ---------------------------------------------------------------
+
+
+def mean_sem(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error ``std(ddof=1) / sqrt(n)`` of ``values`` (NaN for the SE of fewer than 2)."""
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+
+
+def format_mean_sem(mean: float, sem: float, digits: int = 2) -> str:
+    """``5.58 ± 0.06`` (the mean alone where the SE is NaN)."""
+    return f"{mean:.{digits}f} ± {sem:.{digits}f}" if math.isfinite(sem) else f"{mean:.{digits}f}"
+
+
+def summary_mean(runs: Sequence[Run], key: str) -> float:
+    """Mean of ``key`` over the ``summary.json`` files beside the runs' logs (NaN where none has it)."""
+    values = []
+    for run in runs:
+        try:
+            values.append(float(json.loads((Path(run.path).parent / "summary.json").read_text())[key]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return float(np.mean(values)) if values else math.nan
 
 
 def training_length(run: Run) -> int:

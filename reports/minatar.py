@@ -18,23 +18,21 @@ ReLU DQN runs of the same env and budget as the reference line (mean ± SE band)
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run, RunLogError
+from probes.runlog import Run
 
-from .cli import OutputDirError, load_runs, study_inputs, study_parser, warn
-from .data import config_key, final_return, finished, learning_curve
-from .html import Table, write_index
+from .cli import open_study, publish_study, warn
+from .data import config_key, final_return, finished, format_mean_sem, learning_curve, summary_mean
+from .html import Table
 from .plots import activation_color, mean_curves, save
 
 __all__ = ["Group", "groups", "random_baseline", "sensitivity_figure", "main"]
@@ -66,23 +64,13 @@ class Group:
         f = self.finals
         return float(f.std(ddof=1) / math.sqrt(len(f))) if len(f) > 1 else math.nan
 
-    def _summary_mean(self, key: str) -> float:
-        """Mean of ``key`` over the runs' ``summary.json`` files (NaN where none has it)."""
-        values = []
-        for r in self.runs:
-            try:
-                values.append(float(json.loads((Path(r.path).parent / "summary.json").read_text())[key]))
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        return float(np.mean(values)) if values else math.nan
-
     @property
     def steps_per_second(self) -> float:
-        return self._summary_mean("steps_per_second")
+        return summary_mean(self.runs, "steps_per_second")
 
     @property
     def parameters(self) -> float:
-        return self._summary_mean("parameters")
+        return summary_mean(self.runs, "parameters")
 
     @property
     def act_kwargs(self) -> dict:
@@ -183,20 +171,12 @@ def sensitivity_figure(all_groups: Sequence[Group], env: str) -> Figure | None:
     return fig
 
 
-def _fmt(mean: float, sem: float) -> str:
-    return f"{mean:.2f} ± {sem:.2f}" if math.isfinite(sem) else f"{mean:.2f}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    args = study_parser("python -m reports.minatar", __doc__).parse_args(argv)
-    try:
-        runs = load_runs(args.paths)
-        found, out = study_inputs(runs, args.out, groups, "no finished DQN or Rainbow runs on MinAtar under "
-                                  f"{', '.join(map(str, args.paths))}")
-    except (RunLogError, OutputDirError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    opened = open_study("python -m reports.minatar", __doc__, argv, groups, "finished DQN or Rainbow runs on MinAtar")
+    if opened is None:
         return 2
+    runs, found, out = opened
     main_groups = _main_groups(found)
     envs = sorted({env for _, env in main_groups})
     random: dict[str, tuple[float, float, int]] = {}
@@ -215,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for g in gs:
             margin = g.mean - r_mean - 3 * math.sqrt(np.nan_to_num(g.sem) ** 2 + np.nan_to_num(r_sem) ** 2)
             above = "yes" if margin > 0 else "no" if math.isfinite(margin) else "(no baseline)"
-            rows.append([algo, env, g.act, _fmt(g.mean, g.sem), str(len(g.runs)), _fmt(r_mean, r_sem),
+            rows.append([algo, env, g.act, format_mean_sem(g.mean, g.sem), str(len(g.runs)), format_mean_sem(r_mean, r_sem),
                          above, f"{g.steps_per_second:.0f}",
                          f"{g.parameters:,.0f}" if math.isfinite(g.parameters) else "", f"{int(g.config['n_timesteps']):,}"])
         curves = {g.act: learning_curve(g.runs, window=20) for g in gs}
@@ -246,12 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                key=lambda t: (t[1], t[0]))
             tables.append(Table(f"Sensitivity on {env} (DQN, Elephant; mean ± SE over seeds)",
                                 ["d", "a", "final return", "seeds"],
-                                [[str(d), f"{a:g}", _fmt(g.mean, g.sem), str(len(g.runs))] for a, d, g in sens_rows]))
-    index = write_index(out, "MinAtar: DQN and Rainbow, Elephant vs ReLU", tables, sections, notes=notes)
-    for row in rows:
-        print("  ".join(row))
-    print(index)
-    return 0
+                                [[str(d), f"{a:g}", format_mean_sem(g.mean, g.sem), str(len(g.runs))] for a, d, g in sens_rows]))
+    return publish_study(out, "MinAtar: DQN and Rainbow, Elephant vs ReLU", tables, sections, notes, rows)
 
 
 if __name__ == "__main__":
