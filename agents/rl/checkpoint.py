@@ -31,6 +31,7 @@ without checkpoints, with a note (an explicit ``--checkpoint-every N`` is refuse
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import os
@@ -255,7 +256,8 @@ class Checkpointer(BaseCallback):
             "probes": self.probe_cb.state(),
         }
         try:
-            size = _write_atomic(self.path, state)
+            with replay.frames_in_chunks() if chunks is not None else contextlib.nullcontext():
+                size = _write_atomic(self.path, state)
         except OSError as err:
             raise CheckpointWriteError(f"{self.path}: cannot write the checkpoint ({err.strerror or err}); the disk "
                                        "may be full") from err

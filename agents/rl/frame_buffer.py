@@ -33,16 +33,18 @@ buffers.ReplayBuffer`'s samples for ``n_steps=1``, :class:`~stable_baselines3.co
 (n-step returns cut at a termination or truncation, and at the newest transition) otherwise; tests/
 test_frame_buffer.py checks both against buffers holding full stacks, on recorded Atari episodes.
 
-Checkpoints (:mod:`agents.rl.checkpoint`) pickle the buffer without its frames; :meth:`save_frames` writes the
+Checkpoints (:mod:`agents.rl.checkpoint`) pickle the buffer without its frames (:meth:`frames_in_chunks`; pickled
+elsewhere it keeps them); :meth:`save_frames` writes the
 frames added since the last checkpoint to a chunk file of their own and :meth:`load_frames` rebuilds the ring from
 the chunks, so a checkpoint writes what is new, not the whole buffer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,7 @@ class FrameReplayBuffer(BaseBuffer):
         self._last_next: list[np.ndarray | None] = [None] * n_envs  # each env's last next observation ...
         self._last_next_head = np.full(n_envs, -1, dtype=np.int64)  # ... and the serial of its newest frame
         self._saved_upto = 0  # frames below this serial are in chunk files (save_frames)
+        self._chunked = False  # pickling leaves the frames out (frames_in_chunks)
 
     # --- writing ----------------------------------------------------------------------------------------
 
@@ -232,6 +235,8 @@ class FrameReplayBuffer(BaseBuffer):
     def stacks(self, heads: np.ndarray) -> np.ndarray:
         """The stacks ``(N, k*c, H, W)`` whose newest frames have serials ``heads`` ``(N,)``."""
         heads = np.asarray(heads, dtype=np.int64)
+        if self.frames is None:
+            raise RuntimeError("FrameReplayBuffer: its frames are in a checkpoint's chunk files; load_frames first")
         out = np.zeros((heads.size, self.k, *self.frame_shape), dtype=self.frames.dtype)
         cur, alive_from = heads.copy(), self.frames_written - self.n_frames
         for j in range(self.k - 1, -1, -1):
@@ -287,8 +292,20 @@ class FrameReplayBuffer(BaseBuffer):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
-        state["frames"] = None  # the frames travel in chunk files (save_frames / load_frames)
+        if self._chunked:
+            state["frames"] = None  # the frames travel in chunk files (save_frames / load_frames)
+        state["_chunked"] = False
         return state
+
+    @contextlib.contextmanager
+    def frames_in_chunks(self) -> Iterator[None]:
+        """Pickle without the frames inside this block (a checkpoint that names its chunk files); elsewhere the
+        buffer pickles whole (SB3's ``save_replay_buffer``)."""
+        self._chunked = True
+        try:
+            yield
+        finally:
+            self._chunked = False
 
     def save_frames(self, folder: str | os.PathLike) -> list[str]:
         """Write the frames added since the last call to a new chunk file in ``folder`` (atomically); return the
