@@ -42,7 +42,7 @@ from .runner import ProbeRunner
 
 __all__ = ["ProbeCallback", "probe_context", "dqn_context", "ppo_context", "sac_context"]
 
-SCALARS = ("episode_return", "episode_length", "loss", "actor_loss", "critic_loss", "learning_rate", END)
+SCALARS = ("episode_return", "episode_length", "eval_return", "eval_length", "loss", "actor_loss", "critic_loss", "learning_rate", END)
 LOSS_KEYS = {"train/loss": "loss", "train/actor_loss": "actor_loss", "train/critic_loss": "critic_loss",
              "train/learning_rate": "learning_rate"}  # SB3 logger key -> run-log scalar
 
