@@ -14,6 +14,7 @@ modelled.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -39,19 +40,23 @@ class Step:
 
 
 class BatchedEnv:
-    """``n`` copies of one task (subclasses: the dynamics); ``max_episode_steps`` as Gymnasium's registration."""
+    """``n`` copies of one task (subclasses: the dynamics); ``max_episode_steps`` as Gymnasium's registration; copy
+    ``i`` seeded with ``seed + i``, or ``seeds[i]``."""
 
     env_id: ClassVar[str]
     obs_dim: ClassVar[int]
     n_actions: ClassVar[int]
     default_max_steps: ClassVar[int]
 
-    def __init__(self, n: int, seed: int = 0, max_episode_steps: int | None = None) -> None:
+    def __init__(self, n: int, seed: int = 0, max_episode_steps: int | None = None,
+                 seeds: Sequence[int] | None = None) -> None:
         if n < 1:
             raise ValueError(f"{type(self).__name__}: n must be >= 1, got {n}")
+        if seeds is not None and len(seeds) != n:
+            raise ValueError(f"{type(self).__name__}: {len(seeds)} seeds for {n} copies")
         self.n = int(n)
         self.max_steps = int(max_episode_steps or self.default_max_steps)
-        self.rngs = [seeding.np_random(seed + i)[0] for i in range(self.n)]
+        self.rngs = [seeding.np_random(s)[0] for s in (seeds if seeds is not None else range(seed, seed + self.n))]
         self.state = np.zeros((self.n, self._state_dim()))
         self.elapsed = np.zeros(self.n, dtype=np.int64)
 
@@ -213,8 +218,9 @@ def _wrap(x: np.ndarray, m: float, big: float) -> np.ndarray:
 BATCHED_ENVS: dict[str, type[BatchedEnv]] = {c.env_id: c for c in (BatchedMountainCar, BatchedAcrobot)}
 
 
-def make_batched(env_id: str, n: int, seed: int = 0, max_episode_steps: int | None = None) -> BatchedEnv:
+def make_batched(env_id: str, n: int, seed: int = 0, max_episode_steps: int | None = None,
+                 seeds: Sequence[int] | None = None) -> BatchedEnv:
     """``n`` copies of ``env_id``; ValueError naming the tasks that have a batched version."""
     if env_id not in BATCHED_ENVS:
         raise ValueError(f"no batched version of {env_id!r}; the population engine runs {', '.join(BATCHED_ENVS)}")
-    return BATCHED_ENVS[env_id](n, seed, max_episode_steps)
+    return BATCHED_ENVS[env_id](n, seed, max_episode_steps, seeds)

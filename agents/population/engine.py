@@ -1,0 +1,236 @@
+"""P paper-DQN agents trained in lockstep in one process: one batched network call, one optimiser step and one env
+call per step for the whole population.
+
+Each member is ``agents.train dqn`` with its own seed, learning rate and buffer size (the rest of the config is the
+population's): the same network built the same way (SB3's policy under ``set_random_seed(seed)``: the same initial
+weights), the same loop order per step (act, env step, store, target copy every ``target_update_interval`` steps,
+epsilon update, then one update once past ``learning_starts``), uniform actions before ``learning_starts``, then
+epsilon-greedy with the paper's absolute schedule, MSE TD loss on SB3's replay samples (``dones * (1 - timeouts)``),
+RMSprop with the member's learning rate. Members interact nowhere: their parameters are stacked on a leading axis
+(``torch.func.stack_module_state``), the forward pass is ``vmap`` of the module over members, the loss is the sum of
+the members' losses (so each member's gradient is its own), and RMSprop runs on the stacked tensors with a per-member
+learning rate.
+
+Randomness is per member and explicit (:class:`Draws`): a member's exploration coin, its random actions and its
+replay indices come from its own generator, and tests inject recorded draws to compare a member with SB3's DQN.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3.common.utils import set_random_seed
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.func import functional_call, stack_module_state, vmap
+
+from agents.rl.algos import ALGOS
+from agents.rl.envs import env_spaces
+
+from .envs import BatchedEnv, make_batched
+
+__all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
+
+#: how the members' networks run: "vmap" (one batched call per step, torch.func) or "loop" (one call per member, the
+#: very kernels SB3's DQN runs: bit-for-bit its updates; the slow twin of "vmap")
+IMPLEMENTATIONS = ("vmap", "loop")
+
+
+@dataclass(frozen=True)
+class Member:
+    """What differs between members: the seed, the learning rate and the replay buffer's size."""
+
+    seed: int
+    learning_rate: float
+    buffer_size: int
+
+
+class Draws:
+    """Each member's random draws: ``explore(m)`` a uniform in [0, 1) (epsilon's coin), ``action(m)`` a uniform
+    action, ``indices(m, size, k)`` replay indices in ``[0, size)``; one generator per member, from its seed."""
+
+    def __init__(self, seeds: Sequence[int], n_actions: int) -> None:
+        self.rngs = [np.random.default_rng([s, 7]) for s in seeds]
+        self.n_actions = n_actions
+
+    def explore(self, m: int) -> float:
+        return float(self.rngs[m].random())
+
+    def action(self, m: int) -> int:
+        return int(self.rngs[m].integers(self.n_actions))
+
+    def indices(self, m: int, size: int, k: int) -> np.ndarray:
+        return self.rngs[m].integers(0, size, k)
+
+
+def member_q_net(config: Mapping[str, Any], seed: int) -> nn.Module:
+    """The Q-network ``agents.train dqn`` builds for ``config`` with ``seed`` (same modules, same initial weights)."""
+    from agents.rl.run import policy_kwargs
+
+    obs, act = env_spaces(config["env"], max_episode_steps=config.get("max_episode_steps"),
+                          env_kwargs=config.get("env_kwargs") or {})
+    set_random_seed(seed)
+    policy = ALGOS["dqn"].policy(obs, act, lambda _: config["learning_rate"], **policy_kwargs(config))
+    return policy.q_net
+
+
+class Population:
+    """The members of ``members`` on ``config`` (a resolved ``dqn`` config; its seed, learning rate and buffer size
+    are the members'), stepping ``make_batched(config["env"])`` with one copy per member (copy ``m`` seeded with
+    member ``m``'s seed, as ``make_vec_env`` seeds a run's env).
+
+    ``nets``: initial networks per member (default :func:`member_q_net`); ``draws``: the members' randomness
+    (default :class:`Draws`).
+    """
+
+    def __init__(self, config: Mapping[str, Any], members: Sequence[Member], *, device: str = "cpu",
+                 nets: Sequence[nn.Module] | None = None, draws: Any = None, implementation: str = "vmap") -> None:
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+        self.implementation = implementation
+        if not members:
+            raise ValueError("a population needs at least one member")
+        unsupported = {k: config.get(k) for k in ("train_freq", "gradient_steps", "n_steps", "n_envs")
+                       if config.get(k, 1) != 1}
+        if config.get("td_loss", "mse") != "mse" or config.get("optimizer") != "rmsprop" or unsupported or \
+                config.get("max_grad_norm") is not None or config.get("tau", 1.0) != 1.0:
+            raise ValueError("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one "
+                             "update per env step, 1-step returns, target copies, one env per member; got "
+                             f"{unsupported or 'another loss, optimiser, clipping or tau'}")
+        self.config, self.members, self.device = dict(config), list(members), torch.device(device)
+        self.P = len(members)
+        nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
+        # the MLP after SB3's flatten (vector observations; SB3's float32 cast of Box observations is left out, so
+        # that float64 networks stay float64 in the twin tests)
+        heads = [n.q_net.to(self.device) for n in nets]
+        self.base = copy.deepcopy(heads[0])  # (its own tensors are replaced in every call)
+        params, buffers = stack_module_state(heads)
+        self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+        self.buffers = buffers
+        self.dtype = next(iter(self.params.values())).dtype  # float32 (float64 for the twin tests)
+        self.target = {k: v.detach().clone() for k, v in self.params.items()}
+        self.square_avg = {k: torch.zeros_like(v) for k, v in self.params.items()}
+        opt = dict(config.get("optimizer_kwargs") or {})
+        self.alpha, self.eps = float(opt.get("alpha", 0.99)), float(opt.get("eps", 1e-8))
+        self.lr = torch.tensor([m.learning_rate for m in members], dtype=self.dtype, device=self.device)
+        self.env: BatchedEnv = make_batched(config["env"], self.P, max_episode_steps=config.get("max_episode_steps"),
+                                            seeds=[m.seed for m in members])
+        self.n_actions = self.env.n_actions
+        self.draws = draws if draws is not None else Draws([m.seed for m in members], self.n_actions)
+        self.capacity = np.array([m.buffer_size for m in members])
+        cap, d = int(self.capacity.max()), self.env.obs_dim
+        self.obs_buf = np.zeros((self.P, cap, d), dtype=np.float32)
+        self.next_buf = np.zeros((self.P, cap, d), dtype=np.float32)
+        self.act_buf = np.zeros((self.P, cap), dtype=np.int64)
+        self.rew_buf = np.zeros((self.P, cap), dtype=np.float32)
+        self.done_buf = np.zeros((self.P, cap), dtype=np.float32)  # dones * (1 - timeouts), as SB3 samples them
+        self.pos = np.zeros(self.P, dtype=np.int64)
+        self.size = np.zeros(self.P, dtype=np.int64)
+        self.obs = self.env.reset()
+        self.num_timesteps = 0
+        self.returns: list[list[tuple[int, float]]] = [[] for _ in range(self.P)]  # (step, episode return)
+        self.seconds = {"acting": 0.0, "env": 0.0, "update": 0.0}  # where the time went (benchmarks)
+        self._episode = np.zeros(self.P)
+
+    # --- network ----------------------------------------------------------------------------------------
+
+    def q_values(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
+        """``(P, B, actions)`` Q-values of ``obs`` ``(P, B, obs_dim)``, member ``m`` on its own network."""
+        params = self.params if params is None else params
+        obs = obs.to(self.dtype)
+
+        def one(p: Mapping[str, Tensor], b: Mapping[str, Tensor], x: Tensor) -> Tensor:
+            return functional_call(self.base, (p, b), (x,))
+
+        if self.implementation == "loop":
+            return torch.stack([one({k: v[m] for k, v in params.items()}, {k: v[m] for k, v in self.buffers.items()},
+                                    obs[m]) for m in range(self.P)])
+        return vmap(one)(params, self.buffers, obs)
+
+    # --- the loop ---------------------------------------------------------------------------------------
+
+    def epsilon(self, t: int) -> float:
+        c = self.config
+        frac = min(max((t - c["learning_starts"]) / max(1, c["exploration_steps"]), 0.0), 1.0) \
+            if c["exploration_steps"] else 1.0
+        return c["exploration_initial_eps"] + frac * (c["exploration_final_eps"] - c["exploration_initial_eps"])
+
+    def _actions(self) -> np.ndarray:
+        t = self.num_timesteps
+        if t < self.config["learning_starts"]:
+            return np.array([self.draws.action(m) for m in range(self.P)])
+        eps = self.epsilon(t)
+        coins = [self.draws.explore(m) < eps for m in range(self.P)]
+        with torch.no_grad():
+            greedy = self.q_values(torch.as_tensor(self.obs, device=self.device)[:, None]).argmax(-1)[:, 0]
+        greedy = greedy.cpu().numpy()
+        return np.array([self.draws.action(m) if coins[m] else greedy[m] for m in range(self.P)])
+
+    def step(self) -> None:
+        """One env step of every member, its storage, target copy and (past ``learning_starts``) update."""
+        t0 = time.perf_counter()
+        actions = self._actions()
+        t1 = time.perf_counter()
+        out = self.env.step(actions)
+        self.seconds["acting"] += t1 - t0
+        self.seconds["env"] += time.perf_counter() - t1
+        self.num_timesteps += 1
+        rows = np.arange(self.P)
+        self.obs_buf[rows, self.pos] = self.obs
+        self.next_buf[rows, self.pos] = out.terminal
+        self.act_buf[rows, self.pos] = actions
+        self.rew_buf[rows, self.pos] = out.reward
+        self.done_buf[rows, self.pos] = out.terminated  # a truncation is not an end (SB3: dones * (1 - timeouts))
+        self.pos = (self.pos + 1) % self.capacity
+        self.size = np.minimum(self.size + 1, self.capacity)
+        self._episode += out.reward
+        for m in np.flatnonzero(out.done):
+            self.returns[m].append((self.num_timesteps, float(self._episode[m])))
+            self._episode[m] = 0.0
+        self.obs = out.obs
+        if self.num_timesteps % self.config["target_update_interval"] == 0:
+            self.target = {k: v.detach().clone() for k, v in self.params.items()}
+        if self.num_timesteps > self.config["learning_starts"]:
+            t0 = time.perf_counter()
+            self.update()
+            self.seconds["update"] += time.perf_counter() - t0
+
+    def update(self) -> Tensor:
+        """One RMSprop step of every member on its own replay sample; the members' losses ``(P,)``."""
+        k = self.config["batch_size"]
+        idx = np.stack([self.draws.indices(m, int(self.size[m]), k) for m in range(self.P)])
+        rows = np.arange(self.P)[:, None]
+        as_t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
+        obs, nxt = as_t(self.obs_buf[rows, idx]), as_t(self.next_buf[rows, idx])
+        act = as_t(self.act_buf[rows, idx])
+        rew, done = as_t(self.rew_buf[rows, idx]).to(self.dtype), as_t(self.done_buf[rows, idx]).to(self.dtype)
+        with torch.no_grad():
+            next_q = self.q_values(nxt, self.target).max(-1).values
+            target = rew + (1 - done) * self.config["gamma"] * next_q
+        q = self.q_values(obs).gather(-1, act[..., None])[..., 0]
+        losses = torch.stack([F.mse_loss(q[m], target[m]) for m in range(self.P)]) if self.implementation == "loop" \
+            else ((q - target) ** 2).mean(-1)
+        grads = torch.autograd.grad(losses.sum(), list(self.params.values()))
+        with torch.no_grad():
+            for (name, p), g in zip(self.params.items(), grads):
+                v = self.square_avg[name]
+                v.mul_(self.alpha).addcmul_(g, g, value=1 - self.alpha)
+                lr = self.lr.view(-1, *([1] * (p.dim() - 1)))
+                p.add_(-lr * g / (v.sqrt() + self.eps))  # torch's RMSprop: p.addcdiv_(g, sqrt(v) + eps, value=-lr)
+        return losses.detach()
+
+    def member_state(self, m: int) -> dict[str, Tensor]:
+        """Member ``m``'s network parameters and buffers, named as in SB3's Q-network's ``state_dict``."""
+        return {f"q_net.{k}": v[m].detach() for k, v in (*self.params.items(), *self.buffers.items())}
+
+    def learn(self, steps: int, on_step: Callable[[Population], None] | None = None) -> None:
+        for _ in range(steps):
+            self.step()
+            if on_step is not None:
+                on_step(self)

@@ -1,0 +1,130 @@
+"""Population members against SB3's DQN (``agents.train dqn``'s model), in lockstep: with the same initial weights
+(built the same way), env seeds, exploration draws and replay indices (recorded from the SB3 run and injected), each
+member's weights after 1000 updates equal SB3's, bit for bit; a member equals a population of one; the batched
+network equals the per-member loop in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.population.engine import Member, Population, member_q_net
+from agents.rl.config import resolve
+from agents.rl.run import build_model
+
+STEPS = 2000  # learning_starts 1000, then one update per step: 1000 updates
+
+
+def sb3_run(config: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Train SB3's DQN for STEPS; its draws (exploration coins, random actions, replay indices) and final weights."""
+    model = build_model(config)
+    draws = {"coins": [], "actions": [], "indices": []}
+    sample = model.action_space.sample
+
+    def recorded_sample(*args, **kwargs):
+        a = sample(*args, **kwargs)
+        draws["actions"].append(int(a))
+        return a
+
+    model.action_space.sample = recorded_sample
+    rand = np.random.rand
+
+    def recorded_rand(*args):
+        u = rand(*args)
+        draws["coins"].append(float(u))
+        return u
+
+    get = model.replay_buffer._get_samples
+
+    def recorded_get(batch_inds, env=None):
+        draws["indices"].append(np.array(batch_inds))
+        return get(batch_inds, env)
+
+    model.replay_buffer._get_samples = recorded_get
+    np.random.rand = recorded_rand
+    try:
+        model.learn(STEPS)
+    finally:
+        np.random.rand = rand
+    return draws, {k: v.detach().clone() for k, v in model.q_net.state_dict().items()}
+
+
+class Injected:
+    """Per member, the draws an SB3 run made, in order."""
+
+    def __init__(self, per_member: list[dict]) -> None:
+        self.d = [{k: list(v) for k, v in d.items()} for d in per_member]
+
+    def explore(self, m):
+        return self.d[m]["coins"].pop(0)
+
+    def action(self, m):
+        return self.d[m]["actions"].pop(0)
+
+    def indices(self, m, size, k):
+        idx = self.d[m]["indices"].pop(0)
+        assert idx.max() < size and len(idx) == k
+        return idx
+
+
+MEMBERS = [Member(seed=0, learning_rate=1e-3, buffer_size=10_000), Member(seed=1, learning_rate=3e-4, buffer_size=300)]
+
+
+@pytest.fixture(scope="module", params=["elephant", "relu"])
+def lockstep(request):
+    """Two SB3 runs (seeds 0 and 1, learning rates 1e-3 and 3e-4, buffers 1e4 and 300) and the population of both
+    members ("loop": the kernels SB3 runs) with the SB3 runs' draws injected."""
+    configs = [resolve("dqn", {"env": "MountainCar-v0", "act": request.param, "seed": m.seed,
+                               "learning_rate": m.learning_rate, "buffer_size": m.buffer_size, "n_timesteps": STEPS})
+               for m in MEMBERS]
+    runs = [sb3_run(c) for c in configs]
+    pop = Population(configs[0], MEMBERS, draws=Injected([d for d, _ in runs]), implementation="loop")
+    pop.learn(STEPS)
+    return configs, runs, pop
+
+
+def test_members_equal_sb3_dqn_after_1000_updates(lockstep):
+    _, runs, pop = lockstep
+    for m, (draws, weights) in enumerate(runs):
+        assert len(draws["indices"]) == STEPS - 1000 and not any(d for d in pop.draws.d[m].values())  # all used
+        state = pop.member_state(m)
+        for name, w in weights.items():
+            assert torch.equal(state[name], w), (m, name, (state[name] - w).abs().max())  # bit for bit
+
+
+def test_a_member_equals_a_population_of_one(lockstep):
+    configs, runs, pop = lockstep
+    alone = Population(configs[1], [MEMBERS[1]], draws=Injected([runs[1][0]]), implementation="loop")
+    alone.learn(STEPS)
+    for name, w in alone.member_state(0).items():
+        assert torch.equal(w, pop.member_state(1)[name]), name
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_the_batched_network_is_the_loop_in_float64(act):
+    """The fast path ("vmap": one batched call for all members) against its slow twin ("loop"), in float64 so that
+    rounding cannot hide a wrong formula: 3 members, 300 updates, their own draws. (Learning rates that blow a
+    network up, 1e-2 here, make Q-values tie to the last bits, and then the two paths may act differently.)"""
+    members = [*MEMBERS, Member(seed=2, learning_rate=3e-3, buffer_size=32)]
+    config = resolve("dqn", {"env": "MountainCar-v0", "act": act, "n_timesteps": 1300})
+    pops = {}
+    for impl in ("vmap", "loop"):
+        nets = [member_q_net(config, m.seed).double() for m in members]
+        pops[impl] = Population(config, members, nets=nets, implementation=impl)
+        pops[impl].learn(1300)
+    for m in range(len(members)):
+        fast, slow = pops["vmap"].member_state(m), pops["loop"].member_state(m)
+        for name in slow:
+            assert torch.allclose(fast[name], slow[name], atol=1e-9, rtol=0), (m, name)
+    assert pops["vmap"].returns == pops["loop"].returns
+
+
+def test_bad_settings_are_refused():
+    config = resolve("dqn", {"env": "MountainCar-v0", "td_loss": "huber"})
+    with pytest.raises(ValueError, match="the population engine runs the paper's DQN"):
+        Population(config, MEMBERS)
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        Population(resolve("dqn", {"env": "MountainCar-v0"}), MEMBERS, implementation="fast")
+    with pytest.raises(ValueError, match="no batched version of 'CartPole-v1'"):
+        Population(resolve("dqn", {"env": "CartPole-v1"}), MEMBERS)
