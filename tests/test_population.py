@@ -101,29 +101,36 @@ def test_a_member_equals_a_population_of_one(lockstep):
         assert torch.equal(w, pop.member_state(1)[name]), name
 
 
+@pytest.mark.parametrize("impl", ["batched", "vmap"])
 @pytest.mark.parametrize("act", ["elephant", "relu"])
-def test_the_batched_network_is_the_loop_in_float64(act):
-    """The fast path ("vmap": one batched call for all members) against its slow twin ("loop"), in float64 so that
+def test_the_batched_network_is_the_loop_in_float64(act, impl):
+    """The fast paths ("batched" matmuls with the fused Elephant kernel; "vmap") against their slow twin ("loop"), in
+    float64 so that
     rounding cannot hide a wrong formula: 3 members, 300 updates, their own draws. (Learning rates that blow a
     network up, 1e-2 here, make Q-values tie to the last bits, and then the two paths may act differently.)"""
     members = [*MEMBERS, Member(seed=2, learning_rate=3e-3, buffer_size=32)]
     config = resolve("dqn", {"env": "MountainCar-v0", "act": act, "n_timesteps": 1300})
     pops = {}
-    for impl in ("vmap", "loop"):
+    for which in (impl, "loop"):
         nets = [member_q_net(config, m.seed).double() for m in members]
-        pops[impl] = Population(config, members, nets=nets, implementation=impl)
-        pops[impl].learn(1300)
+        pops[which] = Population(config, members, nets=nets, implementation=which)
+        assert pops[which].implementation == which
+        pops[which].learn(1300)
     for m in range(len(members)):
-        fast, slow = pops["vmap"].member_state(m), pops["loop"].member_state(m)
+        fast, slow = pops[impl].member_state(m), pops["loop"].member_state(m)
         for name in slow:
             assert torch.allclose(fast[name], slow[name], atol=1e-9, rtol=0), (m, name)
-    assert pops["vmap"].returns == pops["loop"].returns
+    assert pops[impl].returns == pops["loop"].returns
 
 
 def test_bad_settings_are_refused():
     config = resolve("dqn", {"env": "MountainCar-v0", "td_loss": "huber"})
     with pytest.raises(ValueError, match="the population engine runs the paper's DQN"):
         Population(config, MEMBERS)
+    maxout = resolve("dqn", {"env": "MountainCar-v0", "act": "maxout"})
+    with pytest.raises(ValueError, match="implementation='batched' runs MLPs of Linear, LayerNorm, Elephant and ReLU"):
+        Population(maxout, MEMBERS[:1], implementation="batched")
+    assert Population(maxout, MEMBERS[:1]).implementation == "vmap"  # auto: the generic path
     with pytest.raises(ValueError, match="implementation must be one of"):
         Population(resolve("dqn", {"env": "MountainCar-v0"}), MEMBERS, implementation="fast")
     with pytest.raises(ValueError, match="no batched version of 'CartPole-v1'"):

@@ -37,9 +37,43 @@ from .envs import BatchedEnv, make_batched
 
 __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 
-#: how the members' networks run: "vmap" (one batched call per step, torch.func) or "loop" (one call per member, the
-#: very kernels SB3's DQN runs: bit-for-bit its updates; the slow twin of "vmap")
-IMPLEMENTATIONS = ("vmap", "loop")
+#: how the members' networks run: "batched" (batched matmuls with the fused Elephant kernel, for MLPs of Linear,
+#: LayerNorm, Elephant and ReLU layers: the fast path, refused for other networks), "vmap" (one batched call of any
+#: module through torch.func, whose Elephant runs as plain ops), "loop" (one call per member: the very kernels SB3's
+#: DQN runs, bit for bit its updates; the slow twin of both), "auto" ("batched" where it applies, else "vmap")
+IMPLEMENTATIONS = ("auto", "batched", "vmap", "loop")
+
+
+def _batched_forward(base: nn.Sequential) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
+    """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows, as batched ops; None
+    for any other module (it then runs through ``vmap``)."""
+    from interference.activations import Elephant, _elephant
+
+    if not isinstance(base, nn.Sequential):
+        return None
+    steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
+    for name, mod in base.named_children():
+        if type(mod) is nn.Linear and mod.bias is not None:
+            steps.append(lambda p, x, n=name: torch.baddbmm(p[f"{n}.bias"][:, None, :], x,
+                                                            p[f"{n}.weight"].transpose(1, 2)))
+        elif type(mod) is nn.LayerNorm and mod.elementwise_affine and mod.bias is not None and \
+                len(mod.normalized_shape) == 1:
+            steps.append(lambda p, x, n=name, eps=mod.eps: torch.addcmul(
+                p[f"{n}.bias"][:, None, :], F.layer_norm(x, x.shape[-1:], eps=eps), p[f"{n}.weight"][:, None, :]))
+        elif type(mod) is nn.ReLU:
+            steps.append(lambda p, x: torch.relu(x))
+        elif type(mod) is Elephant and mod.num_units is not None and mod.learnable:
+            steps.append(lambda p, x, n=name, d=mod.d: _elephant(x, p[f"{n}.log_h"][:, None, :],
+                                                                 p[f"{n}.log_a"][:, None, :], d, "auto", log=True))
+        else:
+            return None
+
+    def forward(params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        for step in steps:
+            x = step(params, x)
+        return x
+
+    return forward
 
 
 @dataclass(frozen=True)
@@ -90,10 +124,9 @@ class Population:
     """
 
     def __init__(self, config: Mapping[str, Any], members: Sequence[Member], *, device: str = "cpu",
-                 nets: Sequence[nn.Module] | None = None, draws: Any = None, implementation: str = "vmap") -> None:
+                 nets: Sequence[nn.Module] | None = None, draws: Any = None, implementation: str = "auto") -> None:
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-        self.implementation = implementation
         if not members:
             raise ValueError("a population needs at least one member")
         unsupported = {k: config.get(k) for k in ("train_freq", "gradient_steps", "n_steps", "n_envs")
@@ -110,6 +143,12 @@ class Population:
         # that float64 networks stay float64 in the twin tests)
         heads = [n.q_net.to(self.device) for n in nets]
         self.base = copy.deepcopy(heads[0])  # (its own tensors are replaced in every call)
+        self._batched = _batched_forward(self.base)
+        if implementation == "batched" and self._batched is None:
+            raise ValueError(f"implementation='batched' runs MLPs of Linear, LayerNorm, Elephant and ReLU layers, not "
+                             f"{self.base}; use 'auto' or 'vmap'")
+        self.implementation = ("batched" if self._batched is not None else "vmap") if implementation == "auto" \
+            else implementation
         params, buffers = stack_module_state(heads)
         self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
         self.buffers = buffers
@@ -148,6 +187,8 @@ class Population:
         def one(p: Mapping[str, Tensor], b: Mapping[str, Tensor], x: Tensor) -> Tensor:
             return functional_call(self.base, (p, b), (x,))
 
+        if self.implementation == "batched":
+            return self._batched({**params, **self.buffers}, obs)
         if self.implementation == "loop":
             return torch.stack([one({k: v[m] for k, v in params.items()}, {k: v[m] for k, v in self.buffers.items()},
                                     obs[m]) for m in range(self.P)])
