@@ -120,7 +120,7 @@ def test_the_batched_network_is_the_loop_in_float64(act, impl):
         fast, slow = pops[impl].member_state(m), pops["loop"].member_state(m)
         for name in slow:
             assert torch.allclose(fast[name], slow[name], atol=1e-9, rtol=0), (m, name)
-    assert pops[impl].returns == pops["loop"].returns
+    assert pops[impl].episodes == pops["loop"].episodes
 
 
 def test_bad_settings_are_refused():
@@ -135,3 +135,37 @@ def test_bad_settings_are_refused():
         Population(resolve("dqn", {"env": "MountainCar-v0"}), MEMBERS, implementation="fast")
     with pytest.raises(ValueError, match="no batched version of 'CartPole-v1'"):
         Population(resolve("dqn", {"env": "CartPole-v1"}), MEMBERS)
+
+
+def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
+    """Members' folders, configs and logs are those ``agents.train dqn`` writes, so reports read them unchanged."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agents.commands import get_command
+    from agents.population.run import member_configs
+    from probes import read_run
+    from reports.data import finished
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "agents.population.run", "--env", "MountainCar-v0", "--act", "relu",
+                           "--seeds", "0-1", "--buffers", "32,10000", "--steps", "1500", "--set",
+                           "max_episode_steps=200", "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    members = [Member(s, 1e-3, b) for s in (0, 1) for b in (32, 10_000)]
+    configs = member_configs({"env": "MountainCar-v0", "act": "relu", "n_timesteps": 1500,
+                              "set": ["max_episode_steps=200"]}, members)
+    for c in configs:
+        run_dir = get_command("dqn").run_dir(c, tmp_path)
+        run = read_run(run_dir / "run.h5")
+        assert finished(run) and run.config["buffer_size"] == c["buffer_size"] and run.seed == c["seed"]
+        steps, returns = run.scalars["episode_return"]
+        assert len(steps) == 7 and np.all(returns == -200.0)  # 1500 steps of 200-step episodes, none reached the top
+        assert len(run.scalars["loss"][0]) > 0
+        assert json.loads((run_dir / "summary.json").read_text())["episodes"] == 7
+    report = subprocess.run([sys.executable, "-m", "reports", str(tmp_path), "-o", str(tmp_path / "report")],
+                            cwd=root, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr

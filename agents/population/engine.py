@@ -173,9 +173,11 @@ class Population:
         self.size = np.zeros(self.P, dtype=np.int64)
         self.obs = self.env.reset()
         self.num_timesteps = 0
-        self.returns: list[list[tuple[int, float]]] = [[] for _ in range(self.P)]  # (step, episode return)
+        self.episodes: list[list[tuple[int, float, int]]] = [[] for _ in range(self.P)]  # (step, return, length)
+        self.last_losses: Tensor | None = None  # the members' TD losses at the latest update
         self.seconds = {"acting": 0.0, "env": 0.0, "update": 0.0}  # where the time went (benchmarks)
         self._episode = np.zeros(self.P)
+        self._length = np.zeros(self.P, dtype=np.int64)
 
     # --- network ----------------------------------------------------------------------------------------
 
@@ -231,9 +233,10 @@ class Population:
         self.pos = (self.pos + 1) % self.capacity
         self.size = np.minimum(self.size + 1, self.capacity)
         self._episode += out.reward
+        self._length += 1
         for m in np.flatnonzero(out.done):
-            self.returns[m].append((self.num_timesteps, float(self._episode[m])))
-            self._episode[m] = 0.0
+            self.episodes[m].append((self.num_timesteps, float(self._episode[m]), int(self._length[m])))
+            self._episode[m], self._length[m] = 0.0, 0
         self.obs = out.obs
         if self.num_timesteps % self.config["target_update_interval"] == 0:
             self.target = {k: v.detach().clone() for k, v in self.params.items()}
@@ -264,7 +267,8 @@ class Population:
                 v.mul_(self.alpha).addcmul_(g, g, value=1 - self.alpha)
                 lr = self.lr.view(-1, *([1] * (p.dim() - 1)))
                 p.add_(-lr * g / (v.sqrt() + self.eps))  # torch's RMSprop: p.addcdiv_(g, sqrt(v) + eps, value=-lr)
-        return losses.detach()
+        self.last_losses = losses.detach()
+        return self.last_losses
 
     def member_state(self, m: int) -> dict[str, Tensor]:
         """Member ``m``'s network parameters and buffers, named as in SB3's Q-network's ``state_dict``."""

@@ -1,0 +1,141 @@
+"""Train a population and write one run folder per member, as ``agents.train dqn`` writes a run.
+
+    python -m agents.population.run --env MountainCar-v0 --act elephant --seeds 0-4 --lrs 1e-3,3e-4 \\
+        --buffers 100,10000 [--steps N] [--set KEY=VALUE ...] --out runs/population
+
+Members are the product of seeds x learning rates x buffer sizes; each gets the config ``agents.train dqn`` would
+resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``),
+so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
+lengths and the TD loss (every hundredth of the run); the run log's ``engine`` attribute says
+``population:<implementation>``. Not yet: probes per member, checkpoints (a killed population starts again), Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from agents.commands import ConfigError, get_command
+from agents.rl.config import resolve
+from probes.runlog import RunLog
+from probes.sb3 import SCALARS
+
+from .engine import Member, Population
+
+__all__ = ["member_configs", "train_population", "main"]
+
+
+def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list[dict[str, Any]]:
+    """Each member's resolved ``dqn`` config (``values`` plus its seed, learning rate and buffer size)."""
+    return [resolve("dqn", {**values, "seed": m.seed, "learning_rate": m.learning_rate,
+                            "buffer_size": m.buffer_size}) for m in members]
+
+
+def train_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
+                     implementation: str = "auto", device: str = "cpu") -> list[dict[str, Any]]:
+    """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them); their summaries."""
+    configs = member_configs(values, members)
+    shared = {k: v for k, v in configs[0].items() if k not in ("seed", "learning_rate", "buffer_size", "derived")}
+    for c in configs[1:]:
+        if {k: v for k, v in c.items() if k not in ("seed", "learning_rate", "buffer_size", "derived")} != shared:
+            raise ConfigError("population members may differ in seed, learning rate and buffer size only")
+    command = get_command("dqn")
+    dirs = [command.run_dir(c, Path(out)) for c in configs]
+    pop = Population(configs[0], members, implementation=implementation, device=device)
+    logs = []
+    for c, d in zip(configs, dirs):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+        logs.append(RunLog(d / "run.h5", config={k: v for k, v in c.items() if k not in ("progress",)}, seed=c["seed"],
+                           probes={}, scalars=SCALARS, device=device, overwrite=True,
+                           extra_attrs={"engine": f"population:{pop.implementation}", "population_size": len(members)}))
+    steps = configs[0]["n_timesteps"]
+    loss_every = max(1, steps // 100)
+    seen = [0] * len(members)
+    start = time.perf_counter()
+    try:
+        for _ in range(steps):
+            pop.step()
+            t = pop.num_timesteps
+            for m, log in enumerate(logs):
+                for step, ret, length in pop.episodes[m][seen[m]:]:
+                    log.scalar("episode_return", step, ret)
+                    log.scalar("episode_length", step, length)
+                seen[m] = len(pop.episodes[m])
+            if pop.last_losses is not None and t % loss_every == 0:
+                for m, log in enumerate(logs):
+                    log.scalar("loss", t, float(pop.last_losses[m]))
+        for log in logs:
+            log.end(steps, "finished")
+    finally:
+        for log in logs:
+            log.close()
+    wall = time.perf_counter() - start
+    summaries = []
+    for m, (c, d) in enumerate(zip(configs, dirs)):
+        returns = [r for _, r, _ in pop.episodes[m]]
+        k = max(1, int(np.ceil(0.1 * len(returns)))) if returns else 0
+        summary = {"status": "finished", "steps": steps, "episodes": len(returns),
+                   "final_return": float(np.mean(returns[-k:])) if returns else None,
+                   "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
+                   "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
+        (d / "summary.json").write_text(json.dumps(summary, indent=1))
+        summaries.append(summary)
+    return summaries
+
+
+def _ints(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agents.population.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="MountainCar-v0")
+    parser.add_argument("--act", default="elephant")
+    parser.add_argument("--seeds", default="0", help="e.g. 0-4 or 0,2,5")
+    parser.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the env's)")
+    parser.add_argument("--buffers", default=None, help="comma-separated buffer sizes (default: the env's)")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--implementation", default="auto")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    values: dict[str, Any] = {"env": args.env, "act": args.act, **({"n_timesteps": args.steps} if args.steps else {})}
+    if args.set:
+        values["set"] = args.set
+    try:
+        base = resolve("dqn", values)
+        lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else [base["learning_rate"]]
+        buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else [base["buffer_size"]]
+        members = [Member(s, lr, b) for s, lr, b in itertools.product(_ints(args.seeds), lrs, buffers)]
+        summaries = train_population(values, members, args.out, args.implementation, args.device)
+    except (ConfigError, ValueError) as err:
+        print(f"python -m agents.population.run: error: {err}", file=sys.stderr)
+        return 2
+    for s in summaries:
+        print(f"{s['run_dir']}: final return {s['final_return']}")
+    print(f"{len(members)} members, {summaries[0]['population_steps_per_second']:,.0f} env steps/s in all",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
