@@ -169,3 +169,40 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     report = subprocess.run([sys.executable, "-m", "reports", str(tmp_path), "-o", str(tmp_path / "report")],
                             cwd=root, capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
+
+
+def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
+    """SIGKILL right after the second checkpoint, then --resume: every member's log and final weights equal those of
+    an uninterrupted population (a kill loses at most one checkpoint interval of work, nothing of the result)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from probes import read_run
+    from probes.failpoints import ENV as KILL_AT
+
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, "-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
+            "0-2", "--lrs", "1e-3,1e-4", "--steps", "900", "--set", "max_episode_steps=150", "--set",
+            "learning_starts=200", "--checkpoint-every", "200"]
+    env = {k: v for k, v in os.environ.items() if k != KILL_AT}
+    ref = subprocess.run([*args, "--out", str(tmp_path / "ref")], cwd=root, env=env, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    killed = subprocess.run([*args, "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True,
+                            env={**env, KILL_AT: "checkpoint.after_rename:2"})
+    assert killed.returncode == -signal.SIGKILL
+    resumed = subprocess.run([*args, "--resume", "--out", str(tmp_path / "run")], cwd=root, env=env,
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0 and "resuming the population of 6 at step 400" in resumed.stderr, resumed.stderr
+    logs = sorted((tmp_path / "ref").rglob("run.h5"))
+    assert len(logs) == 6
+    for a in logs:
+        b = tmp_path / "run" / a.relative_to(tmp_path / "ref")
+        ra, rb = read_run(a), read_run(b)
+        for name in ra.scalars:
+            assert all(np.array_equal(x, y) for x, y in zip(ra.scalars[name], rb.scalars[name])), name
+        wa, wb = torch.load(a.parent / "q_net.pt"), torch.load(b.parent / "q_net.pt")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not list((tmp_path / "run" / "populations").glob("*.pkl"))  # finished: the checkpoint is gone

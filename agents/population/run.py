@@ -7,14 +7,17 @@ Members are the product of seeds x learning rates x buffer sizes; each gets the 
 resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``),
 so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
 lengths and the TD loss (every hundredth of the run); the run log's ``engine`` attribute says
-``population:<implementation>``. Not yet: probes per member, checkpoints (a killed population starts again), Ray.
+``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). The population
+checkpoints to ``OUT/populations/<key>.pkl`` and ``--resume`` continues it exactly. Not yet: probes per member, Ray.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
+import pickle
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -25,7 +28,8 @@ import numpy as np
 import torch
 import yaml
 
-from agents.commands import ConfigError, get_command
+from agents.commands import OUTPUT_KEYS, ConfigError, get_command
+from agents.rl.checkpoint import write_atomic
 from agents.rl.config import resolve
 from probes.runlog import RunLog
 from probes.sb3 import SCALARS
@@ -41,9 +45,21 @@ def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list
                             "buffer_size": m.buffer_size}) for m in members]
 
 
+def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
+    """``OUT/populations/<key>.pkl``: one file per population (its members' configs make the key)."""
+    key = hashlib.sha1(json.dumps([{k: v for k, v in c.items() if k not in OUTPUT_KEYS} for c in configs],
+                                  sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Path(out) / "populations" / f"{key}.pkl"
+
+
 def train_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
-                     implementation: str = "auto", device: str = "cpu") -> list[dict[str, Any]]:
-    """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them); their summaries."""
+                     implementation: str = "auto", device: str = "cpu", resume: bool = False,
+                     checkpoint_every: int | None = None) -> list[dict[str, Any]]:
+    """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them); their summaries.
+
+    Every ``checkpoint_every`` steps (default: a tenth of the run; 0: never) the whole population (networks,
+    optimiser states, buffers, envs, generators, episodes) and its logs' record counts go to one atomic pickle;
+    ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records)."""
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in ("seed", "learning_rate", "buffer_size", "derived")}
     for c in configs[1:]:
@@ -51,20 +67,35 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
             raise ConfigError("population members may differ in seed, learning rate and buffer size only")
     command = get_command("dqn")
     dirs = [command.run_dir(c, Path(out)) for c in configs]
-    pop = Population(configs[0], members, implementation=implementation, device=device)
-    logs = []
-    for c, d in zip(configs, dirs):
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
-        logs.append(RunLog(d / "run.h5", config={k: v for k, v in c.items() if k not in ("progress",)}, seed=c["seed"],
-                           probes={}, scalars=SCALARS, device=device, overwrite=True,
-                           extra_attrs={"engine": f"population:{pop.implementation}", "population_size": len(members)}))
     steps = configs[0]["n_timesteps"]
+    every = max(1, steps // 10) if checkpoint_every is None else int(checkpoint_every)
+    path = _checkpoint_path(Path(out), configs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = None
+    if resume and path.exists():
+        with open(path, "rb") as f:
+            state = pickle.load(f)
+        print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
+              file=sys.stderr)
+    pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
+    seen = state["seen"] if state else [0] * len(members)
+    logs = []
+    for m, (c, d) in enumerate(zip(configs, dirs)):
+        d.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+        logs.append(RunLog(d / "run.h5", config={k: v for k, v in c.items() if k not in OUTPUT_KEYS}, seed=c["seed"],
+                           probes={}, scalars=SCALARS, device=device, overwrite=state is None,
+                           keep=state["counts"][m] if state else None,
+                           extra_attrs={"engine": f"population:{pop.implementation}", "population_size": len(members)}))
     loss_every = max(1, steps // 100)
-    seen = [0] * len(members)
-    start = time.perf_counter()
+    start = time.perf_counter() - (state["wall"] if state else 0.0)
     try:
-        for _ in range(steps):
+        while pop.num_timesteps < steps:
+            if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
+                write_atomic(path, {"pop": pop, "seen": list(seen), "counts": [log.counts() for log in logs],
+                                     "wall": time.perf_counter() - start})
+            state = None  # (a resumed run does not rewrite the checkpoint it started from)
             pop.step()
             t = pop.num_timesteps
             for m, log in enumerate(logs):
@@ -81,6 +112,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         for log in logs:
             log.close()
     wall = time.perf_counter() - start
+    path.unlink(missing_ok=True)  # finished: the logs and weights hold it
     summaries = []
     for m, (c, d) in enumerate(zip(configs, dirs)):
         returns = [r for _, r, _ in pop.episodes[m]]
@@ -89,6 +121,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
+        torch.save({k: v.cpu() for k, v in pop.member_state(m).items()}, d / "q_net.pt")
         (d / "summary.json").write_text(json.dumps(summary, indent=1))
         summaries.append(summary)
     return summaries
@@ -115,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--implementation", default="auto")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                        help="env steps between population checkpoints (default: a tenth of the run; 0: none)")
+    parser.add_argument("--resume", action="store_true", help="continue from the population's checkpoint")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -126,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else [base["learning_rate"]]
         buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else [base["buffer_size"]]
         members = [Member(s, lr, b) for s, lr, b in itertools.product(_ints(args.seeds), lrs, buffers)]
-        summaries = train_population(values, members, args.out, args.implementation, args.device)
+        summaries = train_population(values, members, args.out, args.implementation, args.device, args.resume,
+                                     args.checkpoint_every)
     except (ConfigError, ValueError) as err:
         print(f"python -m agents.population.run: error: {err}", file=sys.stderr)
         return 2

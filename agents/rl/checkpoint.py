@@ -65,7 +65,7 @@ from .callbacks import RunCallback
 from .frame_buffer import prune_chunks
 
 __all__ = ["CHECKPOINT", "REPLAY_DIR", "CheckpointError", "CheckpointWriteError", "Checkpointer", "read_checkpoint",
-           "restore_model", "check_picklable"]
+           "restore_model", "check_picklable", "write_atomic"]
 
 CHECKPOINT = "checkpoint.pkl"
 REPLAY_DIR = "replay"  # frame chunks of a FrameReplayBuffer
@@ -177,7 +177,7 @@ class _KillableFile(io.RawIOBase):
         return n
 
 
-def _write_atomic(path: Path, state: Mapping[str, Any]) -> int:
+def write_atomic(path: Path, state: Mapping[str, Any]) -> int:
     """Pickle ``state`` to ``path`` through a temporary file renamed over it; returns the size in bytes."""
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -257,7 +257,7 @@ class Checkpointer(BaseCallback):
         }
         try:
             with replay.frames_in_chunks() if chunks is not None else contextlib.nullcontext():
-                size = _write_atomic(self.path, state)
+                size = write_atomic(self.path, state)
         except OSError as err:
             raise CheckpointWriteError(f"{self.path}: cannot write the checkpoint ({err.strerror or err}); the disk "
                                        "may be full") from err
