@@ -145,11 +145,10 @@ class BatchedAcrobot(BatchedEnv):
         self.state[i] = self.rngs[i].uniform(low=-0.1, high=0.1, size=(4,)).astype(np.float32)
         self.fresh[i] = True  # Gymnasium keeps a reset state as float32 until the first step
 
-    @property
-    def fresh(self) -> np.ndarray:
-        if not hasattr(self, "_fresh"):
-            self._fresh = np.zeros(self.n, dtype=bool)
-        return self._fresh
+    def __init__(self, n: int, seed: int = 0, max_episode_steps: int | None = None,
+                 seeds: Sequence[int] | None = None) -> None:
+        super().__init__(n, seed, max_episode_steps, seeds)
+        self.fresh = np.zeros(self.n, dtype=bool)  # copies reset and not stepped since
 
     def _dsdt(self, s: np.ndarray, a: np.ndarray) -> np.ndarray:
         """Gymnasium's ``_dsdt`` on ``(n, 4)`` states and torques ``(n,)``: the same expressions, term order kept."""
