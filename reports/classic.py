@@ -1,7 +1,8 @@
 """The classic-control study (the paper's Figure "DQN ... under various buffer sizes"): final return against
-replay-buffer size, per environment and activation, at each setting's best learning rate.
+replay-buffer size, per environment and activation, at each setting's best learning rate; aggregate statistics across
+tasks (rliable); and a comparison with the authors' published per-task results.
 
-    python -m reports.classic RUNS_DIR [MORE ...] -o OUT/
+    python -m reports.classic RUNS_DIR [MORE ...] -o OUT/ [--reps 2000] [--seed 0]
 
 Runs are grouped by their whole config except the seed; groups that differ only in the learning rate are one
 setting. Final return = mean episode return over the last 10% of a run's episodes (as in the paper); per setting
@@ -9,36 +10,58 @@ the learning rate with the highest mean final return over seeds is selected, and
 standard error over seeds (std with ddof=1 / sqrt(n)). Runs that did not finish (interrupted, diverged, or for
 logs without a ``run_end`` record, last record short of ``n_timesteps``) and repeats of a config and seed are left
 out with a warning on stderr.
+
+Aggregates across tasks (Agarwal et al. 2021, computed by rliable): per activation and buffer size, each seed's final
+return at the selected learning rate is normalised per task as ``(R - R_random) / (R_ref - R_random)``, with
+``R_random`` the mean return of a uniform-random policy and ``R_ref`` the best mean final return among the authors'
+activations at their default buffer (constants and sources in ``reports/reference/classic_dqn.json``); 0 is random,
+1 the authors' best. IQM and mean over tasks x seeds come with stratified-bootstrap 95% CIs (``--reps``
+resamples, numpy seeded with ``--seed``), and performance profiles (fraction of runs scoring above tau) per buffer.
+
+The comparison with the authors uses their per-episode training returns (``results/DQN_*.csv`` of qlan3/Elephant,
+at their default buffer 1e4) and ours at the same buffer; there "final" is, on both sides, the mean return of the
+episodes that ended in the last 10% of the run's steps (the authors' files are read only at their ends).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run
+from probes.runlog import Run, RunLogError
 
-from .cli import open_study
-from .data import config_key, config_labels, final_return, finished, run_end, training_length
-from .html import Table, write_index
-from .plots import group_colors, save
+from .cli import OutputDirError, load_runs, publish_study, study_inputs, study_parser, warn
+from .data import config_key, config_labels, final_return, finished, format_mean_sem, mean_sem, run_end, training_length
+from .html import Table
+from .plots import activation_color, group_colors, save
 
-__all__ = ["ClassicRow", "classic_table", "buffer_figure", "main"]
+__all__ = ["ClassicRow", "classic_table", "buffer_figure", "REFERENCE", "reference_data", "normalise",
+           "score_matrices", "Aggregate", "aggregates", "Profiles", "performance_profiles", "aggregate_figure",
+           "profile_figure", "late_return", "Comparison", "authors_comparison", "main"]
 
 _KEYS = ("env", "act", "buffer_size", "learning_rate")  # config keys the study needs
+
+#: the study's reference numbers: normalisation constants and the authors' per-seed final returns
+REFERENCE = Path(__file__).with_name("reference") / "classic_dqn.json"
 
 
 @dataclass(frozen=True)
 class ClassicRow:
     """One point: final return at a setting's best learning rate, over seeds. `setting` names the config keys
     that set it apart from the other settings of its env and activation besides the buffer size (e.g.
-    ``"n_timesteps=2000"``), empty if none."""
+    ``"n_timesteps=2000"``), empty if none. `finals` ``(n_seeds,)`` are the seeds' final returns in seed order
+    (`seeds`), `runs` their run logs."""
 
     env: str
     act: str
@@ -48,6 +71,9 @@ class ClassicRow:
     mean: float
     sem: float
     n_seeds: int
+    seeds: tuple[int, ...] = ()
+    finals: tuple[float, ...] = ()
+    runs: tuple[Run, ...] = field(default=(), repr=False, compare=False)
 
 
 def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
@@ -79,14 +105,15 @@ def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
 
 def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
     """Best-learning-rate final return per setting (config except seed and learning rate) from the DQN runs in
-    `runs`, and a warning line per DQN run left out (see `_usable_runs`)."""
+    `runs`, and a warning line per DQN run left out (see `_usable_runs`). The best learning rate is the one with
+    the highest mean final return over seeds (the first of equal ones, in the order of the runs' paths)."""
     usable, warnings = _usable_runs(runs)
-    finals: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    by_lr: dict[str, dict[float, list[Run]]] = defaultdict(lambda: defaultdict(list))
     configs: dict[str, dict] = {}
     for run in usable:
         key = config_key(run.config, ("seed", "learning_rate"))
         configs.setdefault(key, run.config)
-        finals[key][float(run.config["learning_rate"])].append(final_return(run))
+        by_lr[key][float(run.config["learning_rate"])].append(run)
     by_env_act: dict[tuple[str, str], list[str]] = defaultdict(list)
     for key, c in configs.items():
         by_env_act[(c["env"], c["act"])].append(key)
@@ -95,11 +122,13 @@ def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
         labels = config_labels([configs[k] for k in keys], skip=("seed", "learning_rate", "buffer_size"))
         for key, setting in zip(keys, labels):
             c = configs[key]
-            lr, values = max(finals[key].items(), key=lambda kv: np.mean(kv[1]))
-            v = np.asarray(values)
-            sem = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
-            rows.append(ClassicRow(c["env"], c["act"], int(c["buffer_size"]), setting, lr, float(v.mean()), sem,
-                                   len(v)))
+            finals = {lr: [final_return(r) for r in group] for lr, group in by_lr[key].items()}
+            lr = max(finals, key=lambda lr: np.mean(finals[lr]))
+            chosen = sorted(zip(by_lr[key][lr], finals[lr]), key=lambda pair: pair[0].seed)
+            mean, sem = mean_sem(finals[lr])
+            rows.append(ClassicRow(c["env"], c["act"], int(c["buffer_size"]), setting, lr, mean, sem, len(chosen),
+                                   tuple(r.seed for r, _ in chosen), tuple(f for _, f in chosen),
+                                   tuple(r for r, _ in chosen)))
     return sorted(rows, key=lambda r: (r.env, r.act, r.setting, r.buffer_size)), warnings
 
 
@@ -131,25 +160,345 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
     return fig
 
 
+# --- normalisation and aggregates across tasks -------------------------------------------------
+
+
+@cache
+def _read_reference(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: cannot read the study's reference numbers: {err}") from None
+
+
+def reference_data(path: str | Path = REFERENCE) -> dict[str, Any]:
+    """The reference file's contents (:data:`REFERENCE`; read once per path): ``normalisation.tasks`` ``{task:
+    {"random": R_random, "reference": R_ref}}`` and ``authors.finals`` ``{task: {act: {seed: final return}}}``,
+    each with its sources."""
+    return _read_reference(Path(path))
+
+
+def _constants(env: str, constants: Mapping[str, Mapping[str, float]] | None) -> tuple[float, float]:
+    table = reference_data()["normalisation"]["tasks"] if constants is None else constants
+    if env not in table:
+        raise ValueError(f"no normalisation constants for task {env!r} (known: {', '.join(sorted(table))}); "
+                         f"add its random and reference returns to {REFERENCE}")
+    return float(table[env]["random"]), float(table[env]["reference"])
+
+
+def normalise(env: str, returns: np.ndarray | Sequence[float] | float,
+              constants: Mapping[str, Mapping[str, float]] | None = None) -> np.ndarray:
+    """Returns of task `env` as normalised scores ``(R - R_random) / (R_ref - R_random)`` (same shape); constants
+    ``{task: {"random": .., "reference": ..}}``, by default the reference file's. Raises ValueError naming the task
+    if it has none."""
+    random, ref = _constants(env, constants)
+    return (np.asarray(returns, dtype=float) - random) / (ref - random)
+
+
+def score_matrices(rows: Sequence[ClassicRow], constants: Mapping[str, Mapping[str, float]] | None = None
+                   ) -> tuple[dict[int, dict[str, np.ndarray]], list[str], list[str]]:
+    """Normalised final returns as rliable wants them: ``{buffer: {act: (n_seeds, n_tasks)}}``, the task order of
+    the columns (every task in `rows`, sorted) and warning lines.
+
+    An (activation, buffer) is left out, with a warning, when it misses a task or has more than one setting on one
+    (ambiguous); where tasks have different numbers of seeds, each keeps its first ``min n`` seeds (in seed order),
+    with a warning. Raises ValueError naming a task without normalisation constants."""
+    tasks = sorted({r.env for r in rows})
+    for env in tasks:
+        _constants(env, constants)
+    cells: dict[tuple[int, str], dict[str, list[ClassicRow]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        cells[(r.buffer_size, r.act)][r.env].append(r)
+    out: dict[int, dict[str, np.ndarray]] = defaultdict(dict)
+    warnings = []
+    for (buffer, act), by_env in sorted(cells.items()):
+        where = f"{act} at buffer {buffer}"
+        if missing := [env for env in tasks if env not in by_env]:
+            warnings.append(f"{where}: no runs on {', '.join(missing)}; left out of the aggregates")
+            continue
+        if several := [env for env in tasks if len(by_env[env]) > 1]:
+            warnings.append(f"{where}: several settings on {', '.join(several)} "
+                            f"({'; '.join(r.setting for r in by_env[several[0]])}); left out of the aggregates")
+            continue
+        n = min(len(by_env[env][0].finals) for env in tasks)
+        if cut := [f"{env} ({len(by_env[env][0].finals)})" for env in tasks if len(by_env[env][0].finals) > n]:
+            warnings.append(f"{where}: {n} seeds on some task; only the first {n} seeds of {', '.join(cut)} used")
+        out[buffer][act] = np.stack([normalise(env, by_env[env][0].finals[:n], constants) for env in tasks], axis=1)
+    return dict(out), tasks, warnings
+
+
+@contextmanager
+def _numpy_seed(seed: int) -> Iterator[None]:
+    """numpy's global generator seeded with `seed`, restored afterwards: rliable 1.2's bootstrap draws from it
+    (its ``random_state`` argument does not reach the draws)."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """IQM and mean of one activation's normalised scores at one buffer size over tasks x seeds (`n_seeds` per
+    task), each with its stratified-bootstrap CI ``(low, high)``."""
+
+    act: str
+    buffer_size: int
+    iqm: float
+    iqm_ci: tuple[float, float]
+    mean: float
+    mean_ci: tuple[float, float]
+    n_seeds: int
+
+
+#: bootstrap resamples of the aggregates and profiles by default (rliable's own default for profiles)
+REPS = 2000
+
+
+def aggregates(matrices: Mapping[int, Mapping[str, np.ndarray]], reps: int = REPS, seed: int = 0,
+               confidence: float = 0.95) -> list[Aggregate]:
+    """IQM and mean with `confidence` stratified-bootstrap CIs (``rliable.library.get_interval_estimates``, `reps`
+    resamples, numpy seeded with `seed` for each buffer) of each score matrix of :func:`score_matrices`."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    def iqm_and_mean(scores: np.ndarray) -> np.ndarray:
+        return np.array([metrics.aggregate_iqm(scores), metrics.aggregate_mean(scores)])
+
+    out = []
+    for buffer, by_act in sorted(matrices.items()):
+        with _numpy_seed(seed):
+            points, cis = rly.get_interval_estimates(dict(by_act), iqm_and_mean, reps=reps,
+                                                     confidence_interval_size=confidence)
+        for act, scores in by_act.items():
+            (iqm, mean), ci = points[act], cis[act]
+            out.append(Aggregate(act, buffer, float(iqm), (float(ci[0, 0]), float(ci[1, 0])), float(mean),
+                                 (float(ci[0, 1]), float(ci[1, 1])), scores.shape[0]))
+    return out
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """Performance profiles at one buffer size: `taus` ``(T,)`` thresholds on the normalised score; per
+    activation the fraction of runs (tasks x seeds) scoring above each ``(T,)`` and its CI ``(2, T)``."""
+
+    buffer_size: int
+    taus: np.ndarray
+    profiles: dict[str, np.ndarray]
+    cis: dict[str, np.ndarray]
+
+
+def performance_profiles(matrices: Mapping[int, Mapping[str, np.ndarray]], reps: int = REPS, seed: int = 0,
+                         points: int = 101) -> list[Profiles]:
+    """Score-distribution performance profiles (``rliable.library.create_performance_profile``, stratified-bootstrap
+    95% CIs from `reps` resamples, numpy seeded with `seed`) of each buffer's score matrices, on `points`
+    thresholds from ``min(0, lowest score)`` to ``max(1, highest score)``."""
+    from rliable import library as rly
+
+    out = []
+    for buffer, by_act in sorted(matrices.items()):
+        scores = np.concatenate([s.ravel() for s in by_act.values()])
+        taus = np.linspace(min(0.0, float(scores.min())), max(1.0, float(scores.max())), points)
+        with _numpy_seed(seed):
+            profiles, cis = rly.create_performance_profile(dict(by_act), taus, reps=reps)
+        out.append(Profiles(buffer, taus, dict(profiles), dict(cis)))
+    return out
+
+
+def aggregate_figure(aggs: Sequence[Aggregate]) -> Figure:
+    """IQM of the normalised score against buffer size (log scale), one line per activation with its bootstrap CI
+    as a band."""
+    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for act in dict.fromkeys(a.act for a in aggs):
+        pts = sorted((a.buffer_size, a.iqm, *a.iqm_ci) for a in aggs if a.act == act)
+        x, m, lo, hi = (np.array(v, dtype=float) for v in zip(*pts))
+        n = min(a.n_seeds for a in aggs if a.act == act)
+        ax.plot(x, m, marker="o", color=activation_color(act), label=f"{act} ({n} seeds per task)")
+        ax.fill_between(x, lo, hi, color=activation_color(act), alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("replay buffer size (transitions)")
+    ax.set_ylabel("IQM normalised final return")
+    ax.set_title("IQM over tasks x seeds, 95% stratified-bootstrap CI", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def profile_figure(profiles: Sequence[Profiles]) -> Figure:
+    """One panel per buffer size: each activation's performance profile with its CI band
+    (``rliable.plot_utils.plot_performance_profiles``)."""
+    from rliable import plot_utils
+
+    cols = min(3, len(profiles))
+    rows = math.ceil(len(profiles) / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, p in zip(axes, profiles):
+        plot_utils.plot_performance_profiles(p.profiles, p.taus, p.cis, ax=ax,
+                                             colors={act: activation_color(act) for act in p.profiles},
+                                             xlabel=r"normalised score $\tau$", ylabel=r"fraction of runs > $\tau$",
+                                             labelsize="medium", ticklabelsize="small", legend=True,
+                                             legendsize="x-small")
+        ax.set_title(f"buffer {p.buffer_size}", fontsize=10)
+    for ax in axes[len(profiles):]:
+        ax.set_visible(False)
+    return fig
+
+
+# --- the authors' published results ------------------------------------------------------------
+
+
+def late_return(run: Run, fraction: float = 0.1) -> float:
+    """Mean return of the episodes that ended in the last `fraction` of the run's steps (``step >= (1 - fraction)
+    * n_timesteps``; the last recorded step where the config has no ``n_timesteps``); NaN if none did."""
+    steps, values = run.scalars.get("episode_return", (np.empty(0), np.empty(0)))
+    total = run.config.get("n_timesteps") or training_length(run)
+    late = values[steps >= (1 - fraction) * total]
+    return float(late.mean()) if len(late) else math.nan
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One task and activation at the authors' buffer size: ``(mean, SE, n seeds)`` of the late return of ours (at
+    the best learning rate; None if we have no runs there) and of the authors' (None if they published none), and
+    ``n_timesteps`` of each side."""
+
+    env: str
+    act: str
+    setting: str
+    ours: tuple[float, float, int] | None
+    theirs: tuple[float, float, int] | None
+    our_steps: int | None
+    their_steps: int | None
+
+    @property
+    def difference(self) -> float:
+        """Our mean minus theirs (NaN if either is missing)."""
+        return self.ours[0] - self.theirs[0] if self.ours and self.theirs else math.nan
+
+
+def authors_comparison(rows: Sequence[ClassicRow], authors: Mapping[str, Any] | None = None) -> list[Comparison]:
+    """Per task and activation on either side (none dropped): ours at the authors' buffer size against theirs
+    (``authors`` as the reference file's ``authors`` entry, by default that file's), the late return of each seed
+    (:func:`late_return`, the authors' `fraction`) summarised as mean, SE (ddof=1) and n."""
+    authors = reference_data()["authors"] if authors is None else authors
+    fraction, buffer = float(authors["fraction"]), int(authors["buffer_size"])
+    theirs = {(env, act): mean_sem(list(seeds.values())) + (len(seeds),)
+              for env, by_act in authors["finals"].items() for act, seeds in by_act.items() if seeds}
+    ours: dict[tuple[str, str], list[ClassicRow]] = defaultdict(list)
+    for r in rows:
+        if r.buffer_size == buffer:
+            ours[(r.env, r.act)].append(r)
+    out = []
+    for env, act in sorted(set(theirs) | set(ours)):
+        steps = authors["train_steps"].get(env)
+        for r in ours.get((env, act)) or [None]:
+            mine = None
+            our_steps = None
+            if r is not None:
+                mine = mean_sem([late_return(run, fraction) for run in r.runs]) + (r.n_seeds,)
+                our_steps = int(r.runs[0].config.get("n_timesteps") or training_length(r.runs[0]))
+            out.append(Comparison(env, act, r.setting if r else "", mine, theirs.get((env, act)), our_steps,
+                                  steps if (env, act) in theirs else None))
+    return out
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+def _ci(ci: tuple[float, float]) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _side(stats: tuple[float, float, int] | None, missing: str) -> str:
+    return f"{format_mean_sem(stats[0], stats[1], 1)} ({stats[2]})" if stats else missing
+
+
+def _aggregate_part(rows: Sequence[ClassicRow], out: Path, reps: int, seed: int
+                    ) -> tuple[list[Table], dict[str, list[tuple[str, str]]], list[str]]:
+    """The aggregates' tables, figures and notes (warnings printed); rows of tasks without normalisation constants
+    are left out, with a warning naming them."""
+    known = reference_data()["normalisation"]["tasks"]
+    if unknown := sorted({r.env for r in rows} - set(known)):
+        warn(f"no normalisation constants for {', '.join(unknown)} in {REFERENCE}; left out of the aggregates")
+    matrices, tasks, warnings = score_matrices([r for r in rows if r.env in known])
+    for message in warnings:
+        warn(message)
+    if not matrices:
+        return [], {}, ["No aggregates: no activation and buffer size has runs on every task with normalisation "
+                        "constants."]
+    aggs = aggregates(matrices, reps, seed)
+    save(aggregate_figure(aggs), out / "aggregate_iqm.png")
+    save(profile_figure(performance_profiles(matrices, reps, seed)), out / "performance_profiles.png")
+    table = Table(f"Normalised final return across {', '.join(tasks)} (tasks x seeds; 95% stratified-bootstrap CI)",
+                  ["activation", "buffer", "IQM", "IQM CI", "mean", "mean CI", "seeds per task"],
+                  [[a.act, str(a.buffer_size), f"{a.iqm:.3f}", _ci(a.iqm_ci), f"{a.mean:.3f}", _ci(a.mean_ci),
+                    str(a.n_seeds)] for a in sorted(aggs, key=lambda a: (a.act, a.buffer_size))])
+    constants = "; ".join(f"{t}: R_random {known[t]['random']:g}, R_ref {known[t]['reference']:g}" for t in tasks)
+    notes = [f"Normalised score = (R - R_random) / (R_ref - R_random) per task, R the final return of one seed at the "
+             f"selected learning rate: R_random is a uniform-random policy's mean return, R_ref the best mean late "
+             f"return (below) among the authors' activations at their default buffer (0 = random, 1 = the authors' best); "
+             f"{constants} ({REFERENCE.name}). Aggregates by rliable: IQM (25% trimmed mean) and mean over all tasks "
+             f"x seeds, stratified-bootstrap 95% CIs from {reps} resamples (numpy seed {seed}); performance profiles "
+             f"give the fraction of runs scoring above each threshold."]
+    sections = {"Aggregates across tasks": [("IQM against buffer size", "aggregate_iqm.png"),
+                                            ("performance profiles per buffer size", "performance_profiles.png")]}
+    return [table], sections, notes
+
+
+def _comparison_part(rows: Sequence[ClassicRow]) -> tuple[Table, list[str]]:
+    authors = reference_data()["authors"]
+    comps = authors_comparison(rows, authors)
+    settings = any(c.setting for c in comps)
+    cells = [[c.env, c.act, *([c.setting] if settings else []), _side(c.ours, "no runs"),
+              _side(c.theirs, "not published"), f"{c.difference:.1f}" if math.isfinite(c.difference) else "—",
+              f"{c.our_steps or '—'} / {c.their_steps or '—'}"] for c in comps]
+    table = Table(f"Ours against the authors' published results at buffer {authors['buffer_size']} (late return: "
+                  "mean ± SE (seeds))", ["task", "activation", *(["setting"] if settings else []), "ours", "authors",
+                                         "ours - authors", "steps ours / authors"], cells)
+    only_ours = sorted({f"{c.env} {c.act}" for c in comps if c.theirs is None})
+    only_theirs = sorted({f"{c.env} {c.act}" for c in comps if c.ours is None})
+    notes = [f"Authors: {authors['source']} {authors['buffer_note']} Late return, on both sides: {authors['final']} "
+             f"SE = std (ddof=1) / sqrt(n) on both sides.",
+             f"Not published by the authors: {', '.join(only_ours) or 'none'}. Not run by us at buffer "
+             f"{authors['buffer_size']}: {', '.join(only_theirs) or 'none'}."]
+    return table, notes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
-    opened = open_study("python -m reports.classic", __doc__, argv, classic_table, "finished DQN runs with episodes")
-    if opened is None:
+    parser = study_parser("python -m reports.classic", __doc__)
+    parser.add_argument("--reps", type=int, default=REPS, help=f"bootstrap resamples (default {REPS})")
+    parser.add_argument("--seed", type=int, default=0, help="numpy seed of the bootstrap (default 0)")
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
+    try:
+        runs = load_runs(args.paths)
+        rows, out = study_inputs(runs, args.out, classic_table,
+                                 f"no finished DQN runs with episodes under {', '.join(map(str, args.paths))}")
+        agg_tables, agg_sections, agg_notes = _aggregate_part(rows, out, args.reps, args.seed)
+        comparison, comparison_notes = _comparison_part(rows)
+    except (RunLogError, OutputDirError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    _, rows, out = opened
     save(buffer_figure(rows), out / "buffer_sizes.png")
     settings = any(r.setting for r in rows)
     columns = ["env", "activation", *(["setting"] if settings else []), "buffer", "best lr", "final return", "seeds"]
     cells = [[r.env, r.act, *([r.setting] if settings else []), str(r.buffer_size), f"{r.best_lr:g}",
-              f"{r.mean:.1f} ± {r.sem:.1f}", str(r.n_seeds)] for r in rows]
+              format_mean_sem(r.mean, r.sem, 1), str(r.n_seeds)] for r in rows]
     table = Table("Final return at the best learning rate (mean ± SE over seeds)", columns, cells)
-    index = write_index(out, "DQN on classic tasks across buffer sizes", [table],
-                        {"Final return against buffer size": [("best learning rate per point", "buffer_sizes.png")]})
-    for r in rows:
-        print(f"{r.env:16s} {r.act:9s} buffer {r.buffer_size:6d}  lr {r.best_lr:<7g} "
-              f"{r.mean:8.1f} ± {r.sem:.1f}  ({r.n_seeds} seeds)  {r.setting}".rstrip())
-    print(index)
-    return 0
+    notes = ["Final return = mean return of a run's last 10% of episodes. Per task, activation, buffer size and "
+             "setting, the learning rate with the highest mean final return over seeds is selected; each point shows "
+             "that learning rate's mean ± SE (std ddof=1 / sqrt(n)) over seeds.", *agg_notes, *comparison_notes]
+    sections = {"Final return against buffer size": [("best learning rate per point", "buffer_sizes.png")],
+                **agg_sections}
+    lines = [[f"{r.env:16s} {r.act:9s} buffer {r.buffer_size:6d}  lr {r.best_lr:<7g} "
+              f"{r.mean:8.1f} ± {r.sem:.1f}  ({r.n_seeds} seeds)  {r.setting}".rstrip()] for r in rows]
+    return publish_study(out, "DQN on classic tasks across buffer sizes", [table, *agg_tables, comparison], sections,
+                         notes, lines)
 
 
 if __name__ == "__main__":

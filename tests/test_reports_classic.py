@@ -1,11 +1,16 @@
+import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
+import yaml
 
 from probes import RunLog, read_run
 from probes.runlog import RUN_END
-from reports.classic import classic_table, main
+from reports.classic import (aggregates, authors_comparison, classic_table, main, normalise, performance_profiles,
+                             reference_data, score_matrices)
 
 
 def write_run(path, act, buffer, lr, seed, returns, n_timesteps=None, last_step=None, end=None, **extra):
@@ -71,8 +76,10 @@ def test_runs_differing_in_any_setting_are_separate_rows(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "3 seeds" not in captured.out and captured.out.count("(1 seeds)") == 2
     assert "n_timesteps=2000" in (tmp_path / "out" / "index.html").read_text()
-    (line,) = captured.err.strip().splitlines()
-    assert line.startswith(f"warning: {tmp_path / 'killed.h5'}: unfinished run") and line.endswith("left out")
+    killed, ambiguous = captured.err.strip().splitlines()
+    assert killed.startswith(f"warning: {tmp_path / 'killed.h5'}: unfinished run") and killed.endswith("left out")
+    assert ambiguous.startswith("warning: elephant at buffer 10000: several settings on MountainCar-v0 (")
+    assert ambiguous.endswith("left out of the aggregates")
 
 
 def test_unfinished_run_is_left_out(tmp_path):
@@ -135,3 +142,161 @@ def test_output_path_that_is_a_file_exits_2(tmp_path, capsys):
     (tmp_path / "out").write_text("a file")
     assert main([str(tmp_path / "run.h5"), "-o", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'out'}: output path exists and is not a directory\n"
+
+
+# --- aggregates across tasks and the authors' results ------------------------------------------------------------
+
+STUDY = {"MountainCar-v0": {"random": -1000.0, "reference": -100.0}, "Acrobot-v1": {"random": -500.0,
+                                                                                   "reference": -100.0}}
+
+
+def study_rows(tmp_path, seeds=(0, 1, 2)):
+    """Runs on two tasks x two activations at two buffer sizes (2000 steps, 20 episodes), two learning rates each
+    where the second is worse by 50; their table."""
+    for env, base in [("MountainCar-v0", -400.0), ("Acrobot-v1", -300.0)]:
+        for act, shift in [("elephant", 100.0), ("relu", 0.0)]:
+            for buffer in (32, 10000):
+                for lr, worse in [(1e-3, 0.0), (1e-4, 50.0)]:
+                    for seed in seeds:
+                        tail = base + shift + (50.0 if buffer == 10000 else 0.0) - worse + 10.0 * seed
+                        write_run(tmp_path / f"{env}-{act}-{buffer}-{lr}-{seed}.h5", act, buffer, lr, seed,
+                                  returns(tail), n_timesteps=2000, env=env)
+    table, warnings = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
+    assert warnings == []
+    return table
+
+
+def test_best_lr_keeps_each_seeds_final_in_seed_order(tmp_path):
+    table = study_rows(tmp_path)
+    row = next(r for r in table if (r.env, r.act, r.buffer_size) == ("Acrobot-v1", "relu", 32))
+    assert row.best_lr == 1e-3 and row.seeds == (0, 1, 2)
+    assert row.finals == pytest.approx([-300.0, -290.0, -280.0]) and row.mean == pytest.approx(-290.0)
+    assert [r.seed for r in row.runs] == [0, 1, 2]
+
+
+def test_normalise_against_hand_computed_scores():
+    assert normalise("MountainCar-v0", [-1000.0, -550.0, -100.0, -10.0], STUDY) == pytest.approx([0.0, 0.5, 1.0, 1.1])
+    assert normalise("Acrobot-v1", -300.0, STUDY) == pytest.approx(0.5)
+    data = reference_data()["normalisation"]["tasks"]["Catcher-PLE-v0"]
+    assert normalise("Catcher-PLE-v0", data["reference"]) == pytest.approx(1.0)
+    assert normalise("Catcher-PLE-v0", data["random"]) == pytest.approx(0.0)
+
+
+def test_task_without_normalisation_constants_is_named():
+    with pytest.raises(ValueError, match="no normalisation constants for task 'CartPole-v1'"):
+        normalise("CartPole-v1", [1.0], STUDY)
+
+
+def test_score_matrices_are_seeds_by_tasks(tmp_path):
+    matrices, tasks, warnings = score_matrices(study_rows(tmp_path), STUDY)
+    assert tasks == ["Acrobot-v1", "MountainCar-v0"] and warnings == [] and set(matrices) == {32, 10000}
+    # elephant at buffer 32: Acrobot finals -200, -190, -180 -> (R + 500) / 400; MountainCar -300.. -> (R + 1000) / 900
+    expected = np.array([[0.75, 700 / 900], [0.775, 710 / 900], [0.8, 720 / 900]])
+    assert matrices[32]["elephant"] == pytest.approx(expected)
+
+
+def test_score_matrices_leave_out_incomplete_cells_with_a_warning(tmp_path):
+    table = [r for r in study_rows(tmp_path) if not (r.act == "relu" and r.buffer_size == 32
+                                                     and r.env == "MountainCar-v0")]
+    table = [dataclasses.replace(r, finals=r.finals[:2]) if (r.act, r.env) == ("elephant", "Acrobot-v1") else r
+             for r in table]
+    matrices, _, warnings = score_matrices(table, STUDY)
+    assert "relu" not in matrices[32] and matrices[32]["elephant"].shape == (2, 2)
+    assert warnings == ["elephant at buffer 32: 2 seeds on some task; only the first 2 seeds of MountainCar-v0 (3) used",
+                        "relu at buffer 32: no runs on MountainCar-v0; left out of the aggregates",
+                        "elephant at buffer 10000: 2 seeds on some task; only the first 2 seeds of MountainCar-v0 (3) "
+                        "used"]
+    with pytest.raises(ValueError, match="'Acrobot-v1'"):
+        score_matrices(table, {"MountainCar-v0": STUDY["MountainCar-v0"]})
+
+
+def test_iqm_and_ci_are_rliables(tmp_path):
+    from rliable import library as rly
+    from rliable import metrics
+
+    matrices, _, _ = score_matrices(study_rows(tmp_path), STUDY)
+    aggs = {(a.act, a.buffer_size): a for a in aggregates(matrices, reps=200, seed=3)}
+    scores = matrices[10000]["relu"]
+    np.random.seed(3)  # rliable 1.2 draws from numpy's global generator
+    points, cis = rly.get_interval_estimates(
+        matrices[10000], lambda x: np.array([metrics.aggregate_iqm(x), metrics.aggregate_mean(x)]), reps=200)
+    a = aggs[("relu", 10000)]
+    assert a.iqm == pytest.approx(scipy.stats.trim_mean(scores.ravel(), 0.25)) == pytest.approx(points["relu"][0])
+    assert a.mean == pytest.approx(scores.mean())
+    assert a.iqm_ci == pytest.approx(cis["relu"][:, 0]) and a.mean_ci == pytest.approx(cis["relu"][:, 1])
+    assert a.iqm_ci[0] <= a.iqm <= a.iqm_ci[1] and a.n_seeds == 3
+    again = {(b.act, b.buffer_size): b for b in aggregates(matrices, reps=200, seed=3)}
+    assert again == aggs  # the seed makes the report reproducible
+
+
+def test_performance_profiles_fall_from_one_to_zero(tmp_path):
+    matrices, _, _ = score_matrices(study_rows(tmp_path), STUDY)
+    profiles = performance_profiles(matrices, reps=50, points=41)
+    assert [p.buffer_size for p in profiles] == [32, 10000]
+    for p in profiles:
+        assert p.taus[0] <= 0.0 and p.taus[-1] >= 1.0 and len(p.taus) == 41
+        for act, profile in p.profiles.items():
+            assert np.all((profile >= 0) & (profile <= 1)) and np.all(np.diff(profile) <= 0)
+            scores = matrices[p.buffer_size][act].ravel()
+            assert profile == pytest.approx([np.mean(scores > t) for t in p.taus])
+            assert p.cis[act].shape == (2, 41)
+
+
+AUTHORS = {"buffer_size": 10000, "fraction": 0.1, "train_steps": {"MountainCar-v0": 2000, "Pixelcopter-PLE-v0": 10**6},
+           "finals": {"MountainCar-v0": {"elephant": {"0": -100.0, "1": -120.0}, "fta": {"0": -150.0}},
+                      "Pixelcopter-PLE-v0": {"relu": {"0": 10.0, "1": 20.0, "2": 30.0}}}}
+
+
+def test_authors_comparison_rows(tmp_path):
+    for seed, tail in [(0, -110.0), (1, -130.0)]:
+        write_run(tmp_path / f"e{seed}.h5", "elephant", 10000, 1e-3, seed, returns(tail), n_timesteps=2000)
+        write_run(tmp_path / f"small{seed}.h5", "elephant", 32, 1e-3, seed, returns(-500.0), n_timesteps=2000)
+        write_run(tmp_path / f"cp{seed}.h5", "relu", 10000, 1e-3, seed, returns(50.0), n_timesteps=2000,
+                  env="CartPole-v1")
+    table, _ = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
+    comps = {(c.env, c.act): c for c in authors_comparison(table, AUTHORS)}
+    assert sorted(comps) == [("CartPole-v1", "relu"), ("MountainCar-v0", "elephant"), ("MountainCar-v0", "fta"),
+                             ("Pixelcopter-PLE-v0", "relu")]
+    mc = comps[("MountainCar-v0", "elephant")]
+    # late return: episodes ending at steps >= 1800 of 2000 are the last three (-1000 and the tail twice)
+    late = [(-1000.0 - 2 * 110.0) / 3, (-1000.0 - 2 * 130.0) / 3]
+    assert mc.ours == pytest.approx((np.mean(late), np.std(late, ddof=1) / math.sqrt(2), 2))
+    assert mc.theirs == pytest.approx((-110.0, np.std([-100.0, -120.0], ddof=1) / math.sqrt(2), 2))
+    assert mc.difference == pytest.approx(np.mean(late) + 110.0) and (mc.our_steps, mc.their_steps) == (2000, 2000)
+    fta, copter, cartpole = (comps[k] for k in [("MountainCar-v0", "fta"), ("Pixelcopter-PLE-v0", "relu"),
+                                                ("CartPole-v1", "relu")])
+    assert fta.ours is None and math.isnan(fta.theirs[1]) and fta.theirs[2] == 1 and math.isnan(fta.difference)
+    assert copter.ours is None and copter.theirs == pytest.approx((20.0, 10 / math.sqrt(3), 3))
+    assert cartpole.theirs is None and cartpole.their_steps is None and cartpole.ours[0] == pytest.approx(-300.0)
+
+
+def test_reference_file_is_consistent():
+    data = reference_data()
+    authors, tasks = data["authors"], data["normalisation"]["tasks"]
+    config = yaml.safe_load(Path("agents/hyperparams/dqn.yml").read_text())
+    assert authors["buffer_size"] == config["default"]["buffer_size"]
+    assert set(tasks) == set(authors["finals"]) == set(authors["train_steps"])
+    for env, constants in tasks.items():
+        assert authors["train_steps"][env] == config[env]["n_timesteps"]
+        best = max(np.mean(list(seeds.values())) for seeds in authors["finals"][env].values() if seeds)
+        assert constants["reference"] == pytest.approx(best, abs=1e-3) and constants["random"] < best
+
+
+def test_report_page_has_aggregates_and_comparison(tmp_path, capsys):
+    study_rows(tmp_path / "runs")
+    write_run(tmp_path / "runs" / "cartpole.h5", "relu", 32, 1e-3, 0, returns(50.0), env="CartPole-v1")
+    assert main([str(tmp_path / "runs"), "-o", str(tmp_path / "out"), "--reps", "20"]) == 0
+    page = (tmp_path / "out" / "index.html").read_text()
+    for name in ("buffer_sizes.png", "aggregate_iqm.png", "performance_profiles.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0 and name in page
+    assert "IQM" in page and "(R - R_random) / (R_ref - R_random)" in page and "20 resamples" in page
+    assert "Ours against the authors" in page and "not published" in page and "a97a845" in page
+    err = capsys.readouterr().err
+    assert "no normalisation constants for CartPole-v1" in err and "left out of the aggregates" in err
+
+
+def test_bad_reps_exits_2(tmp_path, capsys):
+    write_run(tmp_path / "run.h5", "relu", 32, 1e-3, 0, returns(-100))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), "-o", str(tmp_path / "out"), "--reps", "0"])
+    assert exit_info.value.code == 2 and "--reps must be >= 1" in capsys.readouterr().err
