@@ -220,9 +220,11 @@ def score_matrices(rows: Sequence[ClassicRow], constants: Mapping[str, Mapping[s
             warnings.append(f"{where}: several settings on {', '.join(several)} "
                             f"({'; '.join(r.setting for r in by_env[several[0]])}); left out of the aggregates")
             continue
-        n = min(len(by_env[env][0].finals) for env in tasks)
-        if cut := [f"{env} ({len(by_env[env][0].finals)})" for env in tasks if len(by_env[env][0].finals) > n]:
-            warnings.append(f"{where}: {n} seeds on some task; only the first {n} seeds of {', '.join(cut)} used")
+        seeds = {env: len(by_env[env][0].finals) for env in tasks}
+        n = min(seeds.values())
+        if cut := [f"{env} ({k})" for env, k in seeds.items() if k > n]:
+            fewest = ", ".join(env for env, k in seeds.items() if k == n)
+            warnings.append(f"{where}: only {n} seeds on {fewest}; the first {n} seeds of {', '.join(cut)} used")
         out[buffer][act] = np.stack([normalise(env, by_env[env][0].finals[:n], constants) for env in tasks], axis=1)
     return dict(out), tasks, warnings
 
@@ -439,7 +441,8 @@ def _aggregate_part(rows: Sequence[ClassicRow], out: Path, reps: int, seed: int
     constants = "; ".join(f"{t}: R_random {known[t]['random']:g}, R_ref {known[t]['reference']:g}" for t in tasks)
     notes = [f"Normalised score = (R - R_random) / (R_ref - R_random) per task, R the final return of one seed at the "
              f"selected learning rate: R_random is a uniform-random policy's mean return, R_ref the best mean late "
-             f"return (below) among the authors' activations at their default buffer (0 = random, 1 = the authors' best); "
+             f"return (below) among the authors' activations at their default buffer (0 = random, 1 = the authors' "
+             f"best); "
              f"{constants} ({REFERENCE.name}). Aggregates by rliable: IQM (25% trimmed mean) and mean over all tasks "
              f"x seeds, stratified-bootstrap 95% CIs from {reps} resamples (numpy seed {seed}); performance profiles "
              f"give the fraction of runs scoring above each threshold."]
@@ -453,24 +456,25 @@ def _comparison_part(rows: Sequence[ClassicRow]) -> tuple[Table, list[str]]:
     comps = authors_comparison(rows, authors)
     settings = any(c.setting for c in comps)
     cells = [[c.env, c.act, *([c.setting] if settings else []), _side(c.ours, "no runs"),
-              _side(c.theirs, "not published"), f"{c.difference:.1f}" if math.isfinite(c.difference) else "—",
+              _side(c.theirs, "not in reference data"), f"{c.difference:.1f}" if math.isfinite(c.difference) else "—",
               f"{c.our_steps or '—'} / {c.their_steps or '—'}"] for c in comps]
     table = Table(f"Ours against the authors' published results at buffer {authors['buffer_size']} (late return: "
                   "mean ± SE (seeds))", ["task", "activation", *(["setting"] if settings else []), "ours", "authors",
                                          "ours - authors", "steps ours / authors"], cells)
     only_ours = sorted({f"{c.env} {c.act}" for c in comps if c.theirs is None})
     only_theirs = sorted({f"{c.env} {c.act}" for c in comps if c.ours is None})
-    notes = [f"Authors: {authors['source']} {authors['buffer_note']} Late return, on both sides: {authors['final']} "
-             f"SE = std (ddof=1) / sqrt(n) on both sides.",
-             f"Not published by the authors: {', '.join(only_ours) or 'none'}. Not run by us at buffer "
-             f"{authors['buffer_size']}: {', '.join(only_theirs) or 'none'}."]
+    notes = [f"Authors: {authors['source']} {authors['buffer_note']} {authors['seeds_note']} Late return, on both "
+             f"sides: {authors['final']} SE = std (ddof=1) / sqrt(n) on both sides.",
+             f"No authors' numbers in the reference data for: {', '.join(only_ours) or 'none'}. Not run by us at "
+             f"buffer {authors['buffer_size']}: {', '.join(only_theirs) or 'none'}."]
     return table, notes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
     parser = study_parser("python -m reports.classic", __doc__)
-    parser.add_argument("--reps", type=int, default=REPS, help=f"bootstrap resamples (default {REPS})")
+    parser.add_argument("--reps", type=int, default=REPS, help=f"bootstrap resamples of the CIs and performance profiles (default {REPS}; about a minute for "
+                        "5 activations x 6 buffer sizes)")
     parser.add_argument("--seed", type=int, default=0, help="numpy seed of the bootstrap (default 0)")
     args = parser.parse_args(argv)
     if args.reps < 1:
