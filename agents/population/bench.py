@@ -5,8 +5,8 @@
 SB3's DQN (``agents.train dqn``'s model) and populations of P members (seeds 0..P-1, the env's default config)
 train past ``learning_starts`` untimed (1000 steps), then ``--steps`` timed steps; one torch thread. Prints env
 steps/s (P x steps / seconds for a population), the ratio to SB3 and where a population's time went (acting, env,
-update), for the batched network ("vmap") and the per-member loop ("loop", the kernels SB3 runs). Do not run it
-while a study runs on the same cores.
+update) for each implementation of :data:`agents.population.engine.IMPLEMENTATIONS` asked for (the compile of
+"compiled" happens in the untimed warm-up and is reported apart). Do not run it while a study runs on the same cores.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
-from .engine import Member, Population
+from .engine import IMPLEMENTATIONS, Member, Population
 
 
 def sb3_rate(config: dict, steps: int) -> float:
@@ -32,15 +32,18 @@ def sb3_rate(config: dict, steps: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def population_rate(config: dict, p: int, steps: int, implementation: str) -> tuple[float, dict[str, float]]:
+def population_rate(config: dict, p: int, steps: int, implementation: str) -> tuple[float, dict[str, float], float]:
+    """Env steps/s of P members, the time shares of acting, env and update, and the warm-up's seconds."""
     members = [Member(seed=s, learning_rate=config["learning_rate"], buffer_size=config["buffer_size"]) for s in range(p)]
     pop = Population(config, members, implementation=implementation)
+    t0 = time.perf_counter()
     pop.learn(config["learning_starts"] + 1)
+    warmup = time.perf_counter() - t0
     pop.seconds = dict.fromkeys(pop.seconds, 0.0)
     t0 = time.perf_counter()
     pop.learn(steps)
     elapsed = time.perf_counter() - t0
-    return p * steps / elapsed, {k: v / elapsed for k, v in pop.seconds.items()}
+    return p * steps / elapsed, {k: v / elapsed for k, v in pop.seconds.items()}, warmup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--act", default="elephant")
     parser.add_argument("--sizes", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=600, help="timed env steps (per member)")
-    parser.add_argument("--implementations", default="vmap,loop")
+    parser.add_argument("--implementations", default="compiled,batched",
+                        help="comma-separated, of " + ", ".join(IMPLEMENTATIONS[1:]))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -60,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SB3 DQN {args.env} {args.act}: {base:,.0f} env steps/s", file=sys.stderr)
     for impl in args.implementations.split(","):
         for p in (int(x) for x in args.sizes.split(",")):
-            rate, split = population_rate(config, p, args.steps, impl)
+            rate, split, warmup = population_rate(config, p, args.steps, impl)
             row = {"implementation": impl, "P": p, "steps_per_second": rate, "ratio_to_sb3": rate / base,
-                   "time_share": split}
+                   "time_share": split, "warmup_seconds": warmup}
             result["population"].append(row)
             print(f"{impl:5s} P={p:3d}: {rate:9,.0f} env steps/s, {rate / base:5.2f}x SB3; time: "
-                  + ", ".join(f"{k} {v:.0%}" for k, v in split.items()), file=sys.stderr)
+                  + ", ".join(f"{k} {v:.0%}" for k, v in split.items())
+                  + f" (warm-up incl. any compile {warmup:.0f} s)", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=1))
     return 0

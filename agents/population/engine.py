@@ -32,28 +32,41 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from agents.rl.algos import ALGOS
 from agents.rl.envs import env_spaces
+from interference import Elephant, elephant
 
 from .envs import BatchedEnv, make_batched
 
 __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 
-#: how the members' networks run: "batched" (batched matmuls with the fused Elephant kernel, for MLPs of Linear,
-#: LayerNorm, Elephant and ReLU layers: the fast path, refused for other networks), "vmap" (one batched call of any
-#: module through torch.func, whose Elephant runs as plain ops), "loop" (one call per member: the very kernels SB3's
-#: DQN runs, bit for bit its updates; the slow twin of both), "auto" ("batched" where it applies, else "vmap")
-IMPLEMENTATIONS = ("auto", "batched", "vmap", "loop")
+#: how the members' networks run, fastest first: "compiled" (the batched network, TD loss and RMSprop step through
+#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a 30-60 s compile per
+#: population and process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager),
+#: both for MLPs of Linear, LayerNorm, Elephant and ReLU layers and refused for other networks; "vmap" (one batched
+#: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
+#: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
+#: least :data:`COMPILE_FROM` agent-steps, where the compile costs a few percent, else "batched"; "vmap" for networks
+#: the batched path does not know)
+IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
+#: members x env steps from which "auto" compiles
+COMPILE_FROM = 2_000_000
+#: Linear layers with at most this many outputs run as a fused product-sum under "compiled"
+NARROW = 16
 
 
-def _batched_forward(base: nn.Sequential) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
+def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
     """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows, as batched ops; None
-    for any other module (it then runs through ``vmap``)."""
-    from interference.activations import Elephant, _elephant
-
+    for any other module (it then runs through ``vmap``). ``compiled``: the form ``torch.compile`` fuses best (the
+    Elephant formula in plain ops; a narrow Linear layer, such as the Q head, as a broadcast product summed over its
+    inputs, which Inductor fuses with the activation before it, where a matmul of a few columns is a slow call);
+    else eager kernels (baddbmm, the fused Elephant function)."""
     if not isinstance(base, nn.Sequential):
         return None
     steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
     for name, mod in base.named_children():
-        if type(mod) is nn.Linear and mod.bias is not None:
+        if type(mod) is nn.Linear and mod.bias is not None and compiled and mod.out_features <= NARROW:
+            steps.append(lambda p, x, n=name: (x[..., None, :] * p[f"{n}.weight"][:, None]).sum(-1)
+                         + p[f"{n}.bias"][:, None, :])
+        elif type(mod) is nn.Linear and mod.bias is not None:
             steps.append(lambda p, x, n=name: torch.baddbmm(p[f"{n}.bias"][:, None, :], x,
                                                             p[f"{n}.weight"].transpose(1, 2)))
         elif type(mod) is nn.LayerNorm and mod.elementwise_affine and mod.bias is not None and \
@@ -63,8 +76,8 @@ def _batched_forward(base: nn.Sequential) -> Callable[[Mapping[str, Tensor], Ten
         elif type(mod) is nn.ReLU:
             steps.append(lambda p, x: torch.relu(x))
         elif type(mod) is Elephant and mod.num_units is not None and mod.learnable:
-            steps.append(lambda p, x, n=name, d=mod.d: _elephant(x, p[f"{n}.log_h"][:, None, :],
-                                                                 p[f"{n}.log_a"][:, None, :], d, "auto", log=True))
+            steps.append(lambda p, x, n=name, d=mod.d, k="autograd" if compiled else "fused": elephant(
+                x, p[f"{n}.log_h"].exp()[:, None, :], p[f"{n}.log_a"].exp()[:, None, :], d, k))
         else:
             return None
 
@@ -74,6 +87,26 @@ def _batched_forward(base: nn.Sequential) -> Callable[[Mapping[str, Tensor], Ten
         return x
 
     return forward
+
+
+def _td_losses(q_values: Callable[[Mapping[str, Tensor], Tensor], Tensor], gamma: float, params: Mapping[str, Tensor],
+               target: Mapping[str, Tensor], obs: Tensor, act: Tensor, nxt: Tensor, rew: Tensor,
+               done: Tensor) -> Tensor:
+    """The members' MSE TD losses ``(P,)`` on their samples (``obs``, ``nxt`` ``(P, k, obs_dim)``; ``act``, ``rew``,
+    ``done`` ``(P, k)``), targets from the target networks without grad."""
+    with torch.no_grad():
+        next_q = q_values(target, nxt).max(-1).values
+        y = rew + (1 - done) * gamma * next_q
+    q = q_values(params, obs).gather(-1, act[..., None])[..., 0]
+    return ((q - y) ** 2).mean(-1)
+
+
+def _rmsprop(params: Sequence[Tensor], grads: Sequence[Tensor], square_avgs: Sequence[Tensor], lr: Tensor,
+             alpha: float, eps: float) -> None:
+    """torch's RMSprop step (no momentum, not centred) in place on stacked parameters, ``lr`` ``(P,)`` per member."""
+    for p, g, v in zip(params, grads, square_avgs):
+        v.mul_(alpha).addcmul_(g, g, value=1 - alpha)
+        p.add_(-lr.view(-1, *([1] * (p.dim() - 1))) * g / (v.sqrt() + eps))  # torch: addcdiv_(g, sqrt(v)+eps, -lr)
 
 
 @dataclass(frozen=True)
@@ -136,6 +169,9 @@ class Population:
             raise ValueError("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one "
                              "update per env step, 1-step returns, target copies, one env per member; got "
                              f"{unsupported or 'another loss, optimiser, clipping or tau'}")
+        if config.get("probe"):
+            raise ValueError(f"probes per population member are not wired yet (asked for {config['probe']}): run "
+                             "the probed settings with agents.train dqn")
         self.config, self.members, self.device = dict(config), list(members), torch.device(device)
         self.P = len(members)
         nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
@@ -143,12 +179,15 @@ class Population:
         # that float64 networks stay float64 in the twin tests)
         heads = [n.q_net.to(self.device) for n in nets]
         self.base = copy.deepcopy(heads[0])  # (its own tensors are replaced in every call)
-        self._batched = _batched_forward(self.base)
-        if implementation == "batched" and self._batched is None:
-            raise ValueError(f"implementation='batched' runs MLPs of Linear, LayerNorm, Elephant and ReLU layers, not "
-                             f"{self.base}; use 'auto' or 'vmap'")
-        self.implementation = ("batched" if self._batched is not None else "vmap") if implementation == "auto" \
-            else implementation
+        batched = _batched_forward(self.base, compiled=False) is not None
+        if implementation in ("batched", "compiled") and not batched:
+            raise ValueError(f"implementation={implementation!r} runs MLPs of Linear, LayerNorm, Elephant and ReLU "
+                             f"layers, not {self.base}; use 'auto' or 'vmap'")
+        if implementation == "auto":
+            implementation = "vmap" if not batched else \
+                "compiled" if self.P * int(config["n_timesteps"]) >= COMPILE_FROM else "batched"
+        self.implementation = implementation
+        self._build_paths()
         params, buffers = stack_module_state(heads)
         self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
         self.buffers = buffers
@@ -179,6 +218,25 @@ class Population:
         self._episode = np.zeros(self.P)
         self._length = np.zeros(self.P, dtype=np.int64)
 
+    def _build_paths(self) -> None:
+        """The implementation's callables (rebuilt after unpickling: compiled code does not pickle)."""
+        gamma = float(self.config["gamma"])
+        self._batched = _batched_forward(self.base, compiled=False) if self.implementation == "batched" else None
+        self._losses = lambda *args: _td_losses(lambda p, x: self.q_values(x, p), gamma, *args)  # noqa: E731
+        self._rmsprop = _rmsprop
+        if self.implementation == "compiled":
+            plain = _batched_forward(self.base, compiled=True)
+            self._batched = _batched_forward(self.base, compiled=False)  # acting: one observation per member, eager
+            self._losses = torch.compile(lambda *args: _td_losses(plain, gamma, *args), dynamic=False)
+            self._rmsprop = torch.compile(_rmsprop, dynamic=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_batched", "_losses", "_rmsprop")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._build_paths()
+
     # --- network ----------------------------------------------------------------------------------------
 
     def q_values(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
@@ -189,7 +247,7 @@ class Population:
         def one(p: Mapping[str, Tensor], b: Mapping[str, Tensor], x: Tensor) -> Tensor:
             return functional_call(self.base, (p, b), (x,))
 
-        if self.implementation == "batched":
+        if self._batched is not None:
             return self._batched({**params, **self.buffers}, obs)
         if self.implementation == "loop":
             return torch.stack([one({k: v[m] for k, v in params.items()}, {k: v[m] for k, v in self.buffers.items()},
@@ -251,22 +309,20 @@ class Population:
         idx = np.stack([self.draws.indices(m, int(self.size[m]), k) for m in range(self.P)])
         rows = np.arange(self.P)[:, None]
         as_t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
-        obs, nxt = as_t(self.obs_buf[rows, idx]), as_t(self.next_buf[rows, idx])
+        obs, nxt = as_t(self.obs_buf[rows, idx]).to(self.dtype), as_t(self.next_buf[rows, idx]).to(self.dtype)
         act = as_t(self.act_buf[rows, idx])
         rew, done = as_t(self.rew_buf[rows, idx]).to(self.dtype), as_t(self.done_buf[rows, idx]).to(self.dtype)
-        with torch.no_grad():
-            next_q = self.q_values(nxt, self.target).max(-1).values
-            target = rew + (1 - done) * self.config["gamma"] * next_q
-        q = self.q_values(obs).gather(-1, act[..., None])[..., 0]
-        losses = torch.stack([F.mse_loss(q[m], target[m]) for m in range(self.P)]) if self.implementation == "loop" \
-            else ((q - target) ** 2).mean(-1)
+        if self.implementation == "loop":  # SB3's kernels: one MSE loss per member
+            with torch.no_grad():
+                y = rew + (1 - done) * self.config["gamma"] * self.q_values(nxt, self.target).max(-1).values
+            q = self.q_values(obs).gather(-1, act[..., None])[..., 0]
+            losses = torch.stack([F.mse_loss(q[m], y[m]) for m in range(self.P)])
+        else:
+            losses = self._losses(self.params, self.target, obs, act, nxt, rew, done)
         grads = torch.autograd.grad(losses.sum(), list(self.params.values()))
         with torch.no_grad():
-            for (name, p), g in zip(self.params.items(), grads):
-                v = self.square_avg[name]
-                v.mul_(self.alpha).addcmul_(g, g, value=1 - self.alpha)
-                lr = self.lr.view(-1, *([1] * (p.dim() - 1)))
-                p.add_(-lr * g / (v.sqrt() + self.eps))  # torch's RMSprop: p.addcdiv_(g, sqrt(v) + eps, value=-lr)
+            self._rmsprop(list(self.params.values()), grads, list(self.square_avg.values()), self.lr, self.alpha,
+                          self.eps)
         self.last_losses = losses.detach()
         return self.last_losses
 
