@@ -58,7 +58,7 @@ def test_yaml_defaults_are_the_papers_classic_dqn():
     assert (per_env["Catcher-PLE-v0"]["n_timesteps"], per_env["Catcher-PLE-v0"]["max_episode_steps"],
             per_env["Catcher-PLE-v0"]["target_update_interval"]) == (500000, 2000, 200)
     assert (per_env["Pixelcopter-PLE-v0"]["n_timesteps"], per_env["Pixelcopter-PLE-v0"]["max_episode_steps"],
-            per_env["Pixelcopter-PLE-v0"]["target_update_interval"]) == (1000000, 500, 100)
+            per_env["Pixelcopter-PLE-v0"]["target_update_interval"]) == (1000000, 500, 200)
     assert set(hyperparams("dqn")) >= {"default", "atari", "MountainCar-v0", "Acrobot-v1", "Catcher-PLE-v0",
                                        "Pixelcopter-PLE-v0"}
 
