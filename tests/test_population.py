@@ -101,8 +101,9 @@ def test_a_member_equals_a_population_of_one(lockstep):
         assert torch.equal(w, pop.member_state(1)[name]), name
 
 
-@pytest.mark.parametrize("impl", [pytest.param("compiled", marks=pytest.mark.compile), "batched", "vmap"])
-@pytest.mark.parametrize("act", ["elephant", "relu"])
+@pytest.mark.parametrize("act,impl", [pytest.param(a, "compiled", marks=pytest.mark.compile) for a in ("elephant", "relu")]
+                         + [(a, i) for a in ("elephant", "relu") for i in ("batched", "vmap")]
+                         + [(a, "batched") for a in ("maxout", "lwta", "fta")])
 def test_the_batched_network_is_the_loop_in_float64(act, impl):
     """The fast paths ("batched" matmuls with the fused Elephant kernel; "vmap") against their slow twin ("loop"), in
     float64 so that
@@ -127,12 +128,15 @@ def test_bad_settings_are_refused():
     config = resolve("dqn", {"env": "MountainCar-v0", "td_loss": "huber"})
     with pytest.raises(ValueError, match="the population engine runs the paper's DQN"):
         Population(config, MEMBERS)
-    maxout = resolve("dqn", {"env": "MountainCar-v0", "act": "maxout"})
-    with pytest.raises(ValueError, match="implementation=.batched. runs MLPs of Linear, LayerNorm, Elephant and ReLU"):
-        Population(maxout, MEMBERS[:1], implementation="batched")
-    assert Population(maxout, MEMBERS[:1]).implementation == "vmap"  # auto: the generic path
+    tanh = resolve("dqn", {"env": "MountainCar-v0", "act": "tanh"})
+    with pytest.raises(ValueError, match="implementation='batched' runs MLPs of Linear, LayerNorm, ReLU, Elephant, "
+                                         "Maxout, LWTA and FTA layers"):
+        Population(tanh, MEMBERS[:1], implementation="batched")
+    assert Population(tanh, MEMBERS[:1]).implementation == "vmap"  # auto: the generic path
     with pytest.raises(ValueError, match="implementation must be one of"):
         Population(resolve("dqn", {"env": "MountainCar-v0"}), MEMBERS, implementation="fast")
+    with pytest.raises(ValueError, match=r"the batched envs run the registered envs' defaults; env_kwargs"):
+        Population(resolve("dqn", {"env": "Catcher-PLE-v0", "env_kwargs": {"rect_rounding": "round"}}), MEMBERS)
     with pytest.raises(ValueError, match=r"probes per population member are not wired yet \(asked for \['gradcov'\]\)"):
         Population(resolve("dqn", {"env": "MountainCar-v0", "probe": ["gradcov"]}), MEMBERS)
     with pytest.raises(ValueError, match="no batched version of 'CartPole-v1'"):

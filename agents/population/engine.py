@@ -32,7 +32,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from agents.rl.algos import ALGOS
 from agents.rl.envs import env_spaces
-from interference import Elephant, elephant
+from interference import FTA, LWTA, Elephant, Maxout, elephant
 
 from .envs import BatchedEnv, make_batched
 
@@ -41,7 +41,7 @@ __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 #: how the members' networks run, fastest first: "compiled" (the batched network, TD loss and RMSprop step through
 #: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a 30-60 s compile per
 #: population and process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager),
-#: both for MLPs of Linear, LayerNorm, Elephant and ReLU layers and refused for other networks; "vmap" (one batched
+#: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
 #: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
 #: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
 #: least :data:`COMPILE_FROM` agent-steps, where the compile costs a few percent, else "batched"; "vmap" for networks
@@ -54,8 +54,9 @@ NARROW = 16
 
 
 def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
-    """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows, as batched ops; None
-    for any other module (it then runs through ``vmap``). ``compiled``: the form ``torch.compile`` fuses best (the
+    """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows (Linear, LayerNorm,
+    ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
+    run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the form ``torch.compile`` fuses best (the
     Elephant formula in plain ops; a narrow Linear layer, such as the Q head, as a broadcast product summed over its
     inputs, which Inductor fuses with the activation before it, where a matmul of a few columns is a slow call);
     else eager kernels (baddbmm, the fused Elephant function)."""
@@ -75,6 +76,8 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
                 p[f"{n}.bias"][:, None, :], F.layer_norm(x, x.shape[-1:], eps=eps), p[f"{n}.weight"][:, None, :]))
         elif type(mod) is nn.ReLU:
             steps.append(lambda p, x: torch.relu(x))
+        elif type(mod) in (Maxout, LWTA, FTA):  # no parameters, the last dimension only: the module itself
+            steps.append(lambda p, x, mod=mod: mod(x))
         elif type(mod) is Elephant and mod.num_units is not None and mod.learnable:
             steps.append(lambda p, x, n=name, d=mod.d, k="autograd" if compiled else "fused": elephant(
                 x, p[f"{n}.log_h"].exp()[:, None, :], p[f"{n}.log_a"].exp()[:, None, :], d, k))
@@ -169,6 +172,9 @@ class Population:
             raise ValueError("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one "
                              "update per env step, 1-step returns, target copies, one env per member; got "
                              f"{unsupported or 'another loss, optimiser, clipping or tau'}")
+        if config.get("env_kwargs"):
+            raise ValueError(f"the batched envs run the registered envs' defaults; env_kwargs {config['env_kwargs']} "
+                             "would make members differ from agents.train dqn's runs")
         if config.get("probe"):
             raise ValueError(f"probes per population member are not wired yet (asked for {config['probe']}): run "
                              "the probed settings with agents.train dqn")
@@ -179,16 +185,19 @@ class Population:
         # that float64 networks stay float64 in the twin tests)
         heads = [n.q_net.to(self.device) for n in nets]
         self.base = copy.deepcopy(heads[0])  # (its own tensors are replaced in every call)
-        batched = _batched_forward(self.base, compiled=False) is not None
+        params, buffers = stack_module_state(heads)
+        # the batched path runs parameter-free layers as the base's own modules: only if no member's buffers differ
+        batched = _batched_forward(self.base, compiled=False) is not None and \
+            all(bool((v == v[:1]).all()) for v in buffers.values())
         if implementation in ("batched", "compiled") and not batched:
-            raise ValueError(f"implementation={implementation!r} runs MLPs of Linear, LayerNorm, Elephant and ReLU "
-                             f"layers, not {self.base}; use 'auto' or 'vmap'")
+            raise ValueError(f"implementation={implementation!r} runs MLPs of Linear, LayerNorm, ReLU, Elephant, "
+                             f"Maxout, LWTA and FTA layers whose buffers all members share, not {self.base}; use "
+                             "'auto' or 'vmap'")
         if implementation == "auto":
             implementation = "vmap" if not batched else \
                 "compiled" if self.P * int(config["n_timesteps"]) >= COMPILE_FROM else "batched"
         self.implementation = implementation
         self._build_paths()
-        params, buffers = stack_module_state(heads)
         self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
         self.buffers = buffers
         self.dtype = next(iter(self.params.values())).dtype  # float32 (float64 for the twin tests)
