@@ -101,7 +101,8 @@ def test_a_member_equals_a_population_of_one(lockstep):
         assert torch.equal(w, pop.member_state(1)[name]), name
 
 
-@pytest.mark.parametrize("act,impl", [pytest.param(a, "compiled", marks=pytest.mark.compile) for a in ("elephant", "relu")]
+@pytest.mark.parametrize("act,impl", [pytest.param(a, "compiled", marks=pytest.mark.compile)
+                                      for a in ("elephant", "relu", "maxout", "lwta", "fta")]
                          + [(a, i) for a in ("elephant", "relu") for i in ("batched", "vmap")]
                          + [(a, "batched") for a in ("maxout", "lwta", "fta")])
 def test_the_batched_network_is_the_loop_in_float64(act, impl):
