@@ -1,6 +1,6 @@
 """Run a grid of configurations: expand it, skip finished runs, execute the rest in parallel.
 
-    python -m agents.grid GRID.yml --out DIR [--workers N] [--backend local|ray] [--dry-run]
+    python -m agents.grid GRID.yml --out DIR [--workers N] [--backend local|ray] [--resume] [--dry-run]
 
 A grid file (YAML) names a command of ``agents.train``, optionally plugin modules to import (:mod:`probes.plugins`),
 and one or more sub-grids whose lists are crossed::
@@ -25,8 +25,15 @@ SIGTERM does the same (exit status 143). With ``--workers`` 2 or more, a signal 
 (``kill -INT PID``) lets the running runs finish. A run that fails is reported (its traceback goes to
 ``ERROR.txt`` in its run directory) and the others go on; the grid then exits with status 1.
 
-The local backend is a process pool with one torch thread per worker; ``--backend ray`` submits the same function
-to a Ray cluster (``pip install -e .[ray]``; connect with ``RAY_ADDRESS``).
+``engine: population`` (``dqn`` grids only; optionally ``population_size: N``, the most members per population)
+trains the runs whose configs differ only in seed, learning rate and buffer size together, as one population in one
+process (:func:`agents.population.run.train_population`): each member's run folder is the one the run would have
+alone, with the same ``DONE.json``; a population stopped or killed continues from its checkpoint with ``--resume``.
+
+The local backend is a process pool with one torch thread per worker; ``--backend ray`` runs the same tasks (a run,
+or a population) on a Ray cluster, one CPU and one torch thread each: the cluster at ``RAY_ADDRESS``, else a local
+one. Ray never retries a task (``--resume`` continues what a dead worker left); a stop signal cancels the running
+tasks, which stop cleanly as on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -34,17 +41,20 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -59,12 +69,24 @@ from .commands import OUTPUT_KEYS, ConfigError, RunWriteError, commands, get_com
 from .runlock import run_lock
 from .signals import STOP_SIGNALS, handling
 
-__all__ = ["GridRun", "Outcome", "GridReport", "expand", "load_grid", "plan", "run_grid", "main"]
+__all__ = ["GridRun", "PopulationEngine", "PopulationTask", "WorkerLost", "Outcome", "GridReport", "expand",
+           "load_grid", "plan", "tasks", "execute", "execute_population", "run_grid", "main"]
 
 DONE = "DONE.json"
 ERROR = "ERROR.txt"
 #: config keys that do not change a run's results: a change in them does not make a finished run stale
 IGNORED_KEYS = OUTPUT_KEYS
+#: what the members of a population may differ in (dqn config keys)
+MEMBER_KEYS = ("seed", "learning_rate", "buffer_size")
+
+
+@dataclass(frozen=True)
+class PopulationEngine:
+    """A grid's ``engine: population``: its runs train as members of populations (at most ``size`` members each;
+    None: no limit) whose run folders lie under ``out``, the grid's root folder."""
+
+    out: Path
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +96,8 @@ class GridRun:
     run_dir: Path
     imports: tuple[str, ...] = ()  # plugin modules the worker imports first
     resume: bool = False  # continue from the run folder's checkpoint (a resumable command's unfinished run)
+    entry: dict[str, Any] = field(default_factory=dict)  # the grid entry (flag values) the config was made from
+    population: PopulationEngine | None = None  # trained as a population member (engine: population)
 
     @property
     def status(self) -> str:
@@ -99,13 +123,16 @@ def _comparable(config: Any) -> Any:
     return {k: v for k, v in plain.items() if k not in IGNORED_KEYS} if isinstance(plain, dict) else plain
 
 
+GRID_KEYS = ("command", "fixed", "grids", "import", "engine", "population_size")
+
+
 def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """All configurations of a grid spec (``fixed`` merged into the cross product of each sub-grid's lists)."""
     if not isinstance(spec, Mapping) or "command" not in spec:
         raise ConfigError("a grid needs a 'command' (e.g. command: stream-sin) and 'grids' (a list of mappings)")
-    unknown = set(spec) - {"command", "fixed", "grids", "import"}
+    unknown = set(spec) - set(GRID_KEYS)
     if unknown:
-        raise ConfigError(f"unknown grid keys {sorted(unknown)}; allowed: command, fixed, grids, import")
+        raise ConfigError(f"unknown grid keys {sorted(unknown)}; allowed: {', '.join(GRID_KEYS)}")
     fixed = spec.get("fixed") or {}
     grids = spec.get("grids") or [{}]
     if not isinstance(fixed, Mapping) or not isinstance(grids, list) or not all(isinstance(g, Mapping) for g in grids):
@@ -140,6 +167,7 @@ def plan(spec: Mapping[str, Any], out: str | Path, imports: Sequence[str] = ()) 
     except PluginError as err:
         raise ConfigError(str(err)) from None
     cmd = get_command(str(spec.get("command")))
+    population = _population_engine(spec, cmd.name, Path(out))
     runs, seen = [], set()
     for i, entry in enumerate(expand(spec)):
         try:
@@ -150,8 +178,83 @@ def plan(spec: Mapping[str, Any], out: str | Path, imports: Sequence[str] = ()) 
         if run_dir in seen:
             raise ConfigError(f"grid entry {i} {entry} duplicates the run directory {run_dir}")
         seen.add(run_dir)
-        runs.append(GridRun(cmd.name, config, run_dir, modules))
+        runs.append(GridRun(cmd.name, config, run_dir, modules, entry=dict(entry), population=population))
     return runs
+
+
+def _population_engine(spec: Mapping[str, Any], command: str, out: Path) -> PopulationEngine | None:
+    """The grid's ``engine`` and ``population_size``, checked."""
+    engine, size = spec.get("engine"), spec.get("population_size")
+    if engine is None:
+        if size is not None:
+            raise ConfigError("population_size is for grids with engine: population")
+        return None
+    if engine != "population":
+        raise ConfigError(f"unknown engine {engine!r}: engine: population trains dqn runs as populations; leave "
+                          "engine out to train each run in a process of its own")
+    if command != "dqn":
+        raise ConfigError(f"engine: population trains dqn runs only, not {command}; leave engine out for {command}")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ConfigError(f"population_size must be a positive integer (the most members per population), got "
+                          f"{size!r}")
+    return PopulationEngine(out, size)
+
+
+@dataclass(frozen=True)
+class PopulationTask:
+    """Unfinished runs of an ``engine: population`` grid trained as one population: ``dqn`` runs whose configs
+    differ only in :data:`MEMBER_KEYS`; ``values`` is the flag values they share."""
+
+    runs: tuple[GridRun, ...]
+    values: dict[str, Any]
+    out: Path
+
+    @property
+    def resume(self) -> bool:
+        """Continue the population's checkpoint (every member is an unfinished run the grid resumes)."""
+        return all(r.resume for r in self.runs)
+
+
+#: what a worker executes: a run, or a population of runs
+Task = GridRun | PopulationTask
+
+
+def _runs(task: Task) -> tuple[GridRun, ...]:
+    return task.runs if isinstance(task, PopulationTask) else (task,)
+
+
+def tasks(runs: Sequence[GridRun]) -> list[Task]:
+    """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in
+    :data:`MEMBER_KEYS` form population tasks (of at most ``population_size`` members), any other run is a task."""
+    out: list[GridRun | list[GridRun]] = []
+    open_groups: dict[str, list[GridRun]] = {}
+    for run in runs:
+        if run.population is None:
+            out.append(run)
+            continue
+        key = json.dumps({k: v for k, v in run.config.items() if k not in (*MEMBER_KEYS, "derived")}, sort_keys=True,
+                         default=str)
+        group = open_groups.get(key)
+        if group is None or len(group) == run.population.size:
+            group = open_groups[key] = []
+            out.append(group)
+        group.append(run)
+    return [t if isinstance(t, GridRun) else
+            PopulationTask(tuple(t), _shared_values(t[0].entry), t[0].population.out) for t in out]
+
+
+def _shared_values(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A dqn grid entry without what a member sets (:data:`MEMBER_KEYS`, under any alias, also as ``set`` items)."""
+    from agents.rl.config import ALIASES
+
+    def member(name: str) -> bool:
+        return ALIASES.get(name.strip(), name.strip()) in MEMBER_KEYS
+
+    values = {k: v for k, v in entry.items() if v is not None and not member(k)}
+    if "set" in values:
+        items = [values["set"]] if isinstance(values["set"], str) else list(values["set"])
+        values["set"] = [i for i in items if not member(str(i).partition("=")[0])]
+    return values
 
 
 #: seconds an orphaned worker (its grid process died) gives its run to stop cleanly before it exits
@@ -187,35 +290,86 @@ def _stop_run(signum: int, frame: Any) -> None:
 _WRITE_FAILED = False
 
 
-def execute(run: GridRun) -> dict[str, Any]:
-    """Run one configuration and mark it finished (the function workers and Ray tasks call).
-
-    SIGINT or SIGTERM raises SystemExit(128 + signal) unless the command handles it (RL runs stop cleanly, then
-    exit so); an error's traceback is written to the run directory's ``ERROR.txt``.
-    """
+@contextmanager
+def _writing(runs: Sequence[GridRun]) -> Iterator[None]:
+    """The frame of a task: SIGINT or SIGTERM raise SystemExit(128 + signal) unless the command handles them (RL runs
+    stop cleanly, then exit so); plugins loaded, one torch thread; every run folder locked (RunFolderBusy if
+    another process, e.g. an earlier grid's worker, still writes there) and cleared of ``DONE.json`` and
+    ``ERROR.txt``; an error's traceback goes to every run folder's ``ERROR.txt``."""
     import torch
 
-    with handling(STOP_SIGNALS, _stop_run):
-        load_plugins(run.imports)
+    with handling(STOP_SIGNALS, _stop_run), ExitStack() as locks:
+        load_plugins(runs[0].imports)
         torch.set_num_threads(1)
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        with run_lock(run.run_dir):  # RunFolderBusy if another process (an earlier grid's worker) still writes here
+        for run in runs:
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            locks.enter_context(run_lock(run.run_dir))
+        for run in runs:
             for name in (DONE, ERROR):  # a stale or failed run is redone
                 (run.run_dir / name).unlink(missing_ok=True)
-            try:
-                cmd = get_command(run.command)
-                summary = cmd.run(run.config, run.run_dir, resume=True) if run.resume else \
-                    cmd.run(run.config, run.run_dir)
-            except Exception as err:
+        try:
+            yield
+        except Exception as err:
+            for run in runs:
                 (run.run_dir / ERROR).write_text(traceback.format_exc())
-                if isinstance(err, (RunLogWriteError, RunWriteError)):
-                    global _WRITE_FAILED
-                    _WRITE_FAILED = True
-                raise
-            tmp = run.run_dir / (DONE + ".tmp")
-            tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
-            tmp.replace(run.run_dir / DONE)
+            if isinstance(err, (RunLogWriteError, RunWriteError)):
+                global _WRITE_FAILED
+                _WRITE_FAILED = True
+            raise
+
+
+def _mark_done(run: GridRun, summary: Mapping[str, Any]) -> None:
+    tmp = run.run_dir / (DONE + ".tmp")
+    tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
+    tmp.replace(run.run_dir / DONE)
+
+
+def execute(run: GridRun) -> dict[str, Any]:
+    """Run one configuration and mark it finished (see :func:`_writing` for signals and errors)."""
+    with _writing([run]):
+        cmd = get_command(run.command)
+        summary = cmd.run(run.config, run.run_dir, resume=True) if run.resume else cmd.run(run.config, run.run_dir)
+        _mark_done(run, summary)
     return summary
+
+
+def execute_population(task: PopulationTask) -> list[dict[str, Any]]:
+    """Train a population task's runs as one population and mark each finished; their summaries. An error (or a
+    member config other than the grid's) fails every member, with the traceback in each ``ERROR.txt``."""
+    import torch
+
+    from agents.population.engine import Member
+    from agents.population.run import member_configs, train_population
+
+    with _writing(task.runs):
+        members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in task.runs]
+        for run, config in zip(task.runs, member_configs(task.values, members)):
+            if _comparable(config) != _comparable(run.config):
+                raise ConfigError(f"{run.run_dir}: the population resolves another config for this member than the "
+                                  "grid (a bug in the grouping of agents.grid)")
+        device = task.runs[0].config["device"]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        summaries = train_population(task.values, members, task.out, device=device, resume=task.resume)
+        for run, summary in zip(task.runs, summaries):
+            _mark_done(run, summary)
+    return summaries
+
+
+def run_task(task: Task) -> Any:
+    """Execute a task (the function pool workers call): a run's summary, or a population's list of them."""
+    return execute_population(task) if isinstance(task, PopulationTask) else execute(task)
+
+
+def _ray_task(task: Task) -> tuple[str, Any]:
+    """:func:`run_task` as a Ray task: ``("done", result)``, or ``("exit", status)`` for SystemExit (a run stopped
+    by a signal; ``ray.cancel`` sends SIGINT), which must not leave the worker (Ray would report it crashed)."""
+    try:
+        return "done", run_task(task)
+    except SystemExit as err:
+        return "exit", err.code
+    except KeyboardInterrupt:
+        return "exit", 128 + signal.SIGINT
 
 
 class _Stop:
@@ -274,30 +428,40 @@ class GridReport:
         return "\n".join(lines)
 
 
-def _outcome(run: GridRun, call: Callable[[], dict[str, Any]]) -> Outcome:
-    """The outcome of ``call()`` (which runs ``run`` or fetches its result)."""
+def _outcomes(task: Task, call: Callable[[], Any]) -> list[Outcome]:
+    """The outcomes of ``task``'s runs from ``call()`` (which runs ``task`` or fetches its result: a run's summary
+    or a population's list of them); a population that fails or stops fails or stops every member."""
+    runs = _runs(task)
     try:
-        return Outcome(run, "finished", call())
+        result = call()
     except KeyboardInterrupt:
-        return Outcome(run, "interrupted", signal.SIGINT)
+        state, detail = "interrupted", signal.SIGINT
     except SystemExit as err:
         if isinstance(err.code, int) and err.code - 128 in STOP_SIGNALS:
-            return Outcome(run, "interrupted", signal.Signals(err.code - 128))
-        return Outcome(run, "failed", f"exited with status {err.code}")
+            state, detail = "interrupted", signal.Signals(err.code - 128)
+        else:
+            state, detail = "failed", f"exited with status {err.code}"
     except Exception as err:
         lines = "".join(traceback.format_exception_only(err)).strip().splitlines()
-        return Outcome(run, "failed", lines[-1] if lines else type(err).__name__)
+        state, detail = "failed", lines[-1] if lines else type(err).__name__
+    else:
+        summaries = result if isinstance(task, PopulationTask) else [result]
+        return [Outcome(run, "finished", summary) for run, summary in zip(runs, summaries, strict=True)]
+    return [Outcome(run, state, detail) for run in runs]
 
 
 def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local",
              progress: bool = True) -> GridReport:
-    """Execute the runs that are not done, at most ``workers`` at a time; a failed run does not stop the others.
+    """Execute the runs that are not done as :func:`tasks`, at most ``workers`` at a time (with Ray: as many as the
+    cluster has CPUs); a failed task does not stop the others. Progress and the report count runs.
 
-    After SIGINT or SIGTERM, or a run interrupted by one, no further runs start; the running ones are waited for.
+    After SIGINT or SIGTERM, or a run interrupted by one, no further tasks start; the running ones are waited for
+    (Ray: cancelled, which stops them as the signal would).
     """
     todo = [r for r in runs if r.status != "done"]
     if backend not in ("local", "ray"):
         raise ConfigError(f"unknown backend {backend!r}; choose local or ray")
+    work = tasks(todo)
     stop = _Stop()
     outcomes: list[Outcome] = []
     bar = tqdm(total=len(todo), desc="runs", disable=not progress)
@@ -312,72 +476,143 @@ def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local
             bar.write(f"run failed: {outcome.run.run_dir}: {outcome.detail}"
                       + (f" (traceback in {where})" if where.exists() else ""), file=sys.stderr)
 
-    def inline(running: dict[Hashable, GridRun]) -> list[Outcome]:
-        _, run = running.popitem()
-        outcome = _outcome(run, lambda: execute(run))
+    def inline(running: dict[Hashable, Task]) -> list[Outcome]:
+        _, task = running.popitem()
+        outcomes = _outcomes(task, lambda: run_task(task))
         if _WRITE_FAILED:  # HDF5 in this process may be left unusable by the failed file: start no more runs here
             stop.broken = True
             bar.write("a run could not write its files (full or failing disk?): no further runs start; re-run the "
                       "grid when there is space", file=sys.stderr)
-        return [outcome]
+        return outcomes
 
     with handling(STOP_SIGNALS, stop.on_signal):
         if backend == "ray":
-            _run_ray(todo, stop, record)
+            _run_ray(work, stop, record)
         elif workers <= 1:
-            _drive(todo, 1, lambda run: run.run_dir, inline, stop, record)
+            _drive(work, 1, lambda task: _runs(task)[0].run_dir, inline, stop, record)
         else:
-            _run_pool(todo, workers, stop, record)
+            _run_pool(work, workers, stop, record)
     bar.close()
     return GridReport(outcomes, len(todo) - len(outcomes), stop.signum)
 
 
-def _drive(todo: Sequence[GridRun], slots: int, start: Callable[[GridRun], Hashable],
-           wait_some: Callable[[dict[Hashable, GridRun]], list[Outcome]], stop: _Stop,
+def _drive(work: Sequence[Task], slots: int, start: Callable[[Task], Hashable],
+           wait_some: Callable[[dict[Hashable, Task]], list[Outcome]], stop: _Stop,
            record: Callable[[Outcome], None]) -> None:
-    """Keep up to ``slots`` runs going until all ended, or ``stop`` is true and the running ones ended.
+    """Keep up to ``slots`` tasks going until all ended, or ``stop`` is true and the running ones ended.
 
-    ``start`` starts a run and gives its handle; ``wait_some`` waits for some to end, removes their handles and
-    gives their outcomes.
+    ``start`` starts a task and gives its handle; ``wait_some`` waits for some to end, removes their handles and
+    gives their runs' outcomes.
     """
-    queue = deque(todo)
-    running: dict[Hashable, GridRun] = {}
+    queue = deque(work)
+    running: dict[Hashable, Task] = {}
     while queue or running:
         while queue and len(running) < slots and not stop:
-            run = queue.popleft()
-            running[start(run)] = run
+            task = queue.popleft()
+            running[start(task)] = task
         if not running:
             return
         for outcome in wait_some(running):
             record(outcome)
 
 
-def _run_pool(todo: Sequence[GridRun], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
+def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_init_worker, initargs=(os.getpid(),)) as pool:
-        def wait_some(running: dict[Hashable, GridRun]) -> list[Outcome]:
+        def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            outcomes = [_outcome(running.pop(f), f.result) for f in done]
+            outcomes = [o for f in done for o in _outcomes(running.pop(f), f.result)]
             if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
                 stop.broken = True  # a worker died (out of memory?): the pool takes no more runs
             return outcomes
 
-        _drive(todo, workers, lambda run: pool.submit(execute, run), wait_some, stop, record)
+        _drive(work, workers, lambda task: pool.submit(run_task, task), wait_some, stop, record)
 
 
-def _run_ray(todo: Sequence[GridRun], stop: _Stop, record: Callable[[Outcome], None]) -> None:
+class WorkerLost(RuntimeError):
+    """The Ray worker (or node) running a task died: killed, out of memory, or its node lost."""
+
+
+def _run_ray(work: Sequence[Task], stop: _Stop, record: Callable[[Outcome], None]) -> None:
+    """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), as many at a time as it
+    has CPUs, one CPU each and never retried. A stop signal cancels the running tasks (SIGINT in their workers: they
+    stop as on Ctrl-C)."""
     try:
         import ray
     except ImportError:
         raise ConfigError("the ray backend needs Ray: pip install -e '.[ray]'") from None
-    ray.init(ignore_reinit_error=True)
-    task = ray.remote(num_cpus=1)(execute)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    address = os.environ.get("RAY_ADDRESS") or None
+    owned = not ray.is_initialized()
+    if owned:
+        if address:
+            _check_reachable(address)
+        try:
+            if address:
+                ray.init(address=address, logging_level=logging.WARNING)
+            else:
+                ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        except ConnectionError as err:
+            token = "InvalidAuthToken" in "".join(traceback.format_exception(err))
+            hint = "; the cluster uses token authentication: set RAY_AUTH_MODE=token, with its token in " \
+                   "~/.ray/auth_token or RAY_AUTH_TOKEN" if token else ""
+            raise ConfigError(f"cannot connect to the Ray cluster at RAY_ADDRESS={address}: {err}{hint}") from None
+    try:
+        with handling(STOP_SIGNALS, stop.on_signal):  # again: ray.init sets its own SIGTERM handler
+            slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            started = " (started here)" if owned and not address else ""
+            tqdm.write(f"ray: the cluster at {ray.get_runtime_context().gcs_address}{started}, {slots} CPUs",
+                       file=sys.stderr)
+            remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+            cancelled: set[Hashable] = set()
 
-    def wait_some(running: dict[Hashable, GridRun]) -> list[Outcome]:
-        done, _ = ray.wait(list(running), num_returns=1)
-        return [_outcome(running.pop(ref), lambda: ray.get(ref)) for ref in done]
+            def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
+                while True:
+                    if stop.signum is not None:
+                        for ref in set(running) - cancelled:
+                            ray.cancel(ref)
+                            cancelled.add(ref)
+                    done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+                    if done:
+                        return [o for ref in done for o in _outcomes(running.pop(ref), lambda: _ray_result(ref))]
 
-    _drive(todo, max(1, int(ray.cluster_resources().get("CPU", 1))), task.remote, wait_some, stop, record)
+            _drive(work, slots, remote.remote, wait_some, stop, record)
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """ConfigError unless ``address`` (HOST:PORT; other forms are left to Ray) takes a TCP connection: Ray itself
+    retries an unreachable address for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(f"cannot reach the Ray cluster at RAY_ADDRESS={address} ({err.strerror or err}); start it "
+                          "with ray start --head, or unset RAY_ADDRESS for a local cluster") from None
+
+
+def _ray_result(ref: Any) -> Any:
+    """A Ray task's result, or what it raised: the task's own exception; SystemExit for a run a signal stopped;
+    KeyboardInterrupt for a task cancelled before it started; :class:`WorkerLost` when its worker or node died."""
+    import ray
+    from ray.exceptions import RayError, RayTaskError, TaskCancelledError
+
+    try:
+        kind, value = ray.get(ref)
+    except RayTaskError as err:
+        raise (err.cause if isinstance(err.cause, BaseException) else err) from None
+    except TaskCancelledError:
+        raise KeyboardInterrupt from None
+    except RayError as err:
+        raise WorkerLost(f"the Ray worker running it died ({type(err).__name__}: {' '.join(str(err).split())}); "
+                         "re-run the grid with --resume to continue it from its last checkpoint") from None
+    if kind == "exit":
+        raise SystemExit(value)
+    return value
 
 
 def _dry_run(runs: Sequence[GridRun]) -> int:
@@ -418,7 +653,11 @@ def main(argv: list[str] | None = None) -> int:
             return _dry_run(runs)
         status = Counter(r.status for r in runs)
         stale = f", {status['stale']} stale (finished with another config: redone)" if status["stale"] else ""
-        print(f"{len(runs)} runs, {status['done']} already finished{stale}", file=sys.stderr)
+        populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"])
+                       if isinstance(t, PopulationTask)]
+        trained = f"; {sum(len(t.runs) for t in populations)} to train in {len(populations)} population" \
+            f"{'s' * (len(populations) > 1)}" if populations else ""
+        print(f"{len(runs)} runs, {status['done']} already finished{stale}{trained}", file=sys.stderr)
         report = run_grid(runs, workers=args.workers, backend=args.backend)
     except ConfigError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
@@ -434,4 +673,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the importable module's main: Ray and the pool then pickle its tasks and functions by reference, not __main__'s
+    from agents.grid import main as _main
+
+    sys.exit(_main())

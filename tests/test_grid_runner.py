@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.grid import load_grid, main, plan
+from agents.grid import GridRun, load_grid, main, plan
 from probes import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,3 +221,60 @@ def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path):
         child.wait()
     with run_lock(held):  # released with the dead holder
         pass
+
+
+def _population_spec(**extra) -> dict:
+    return {"command": "dqn", "engine": "population",
+            "fixed": {"env": "MountainCar-v0", "hidden": 16, "steps": 600, "progress": False,
+                      "set": ["learning_starts=100", "seed=9", "lr=0.5"]},
+            "grids": [{"act": ["relu", "elephant"], "lr": [0.001, 0.0003], "seed": [0, 1], "buffer_size": [100]}],
+            **extra}
+
+
+def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffer_size(tmp_path):
+    from agents.grid import PopulationTask, tasks
+    from agents.population.engine import Member
+    from agents.population.run import member_configs
+
+    runs = plan(_population_spec(population_size=3), tmp_path)
+    single = plan({k: v for k, v in _population_spec().items() if k != "engine"}, tmp_path)
+    assert [r.run_dir for r in runs] == [r.run_dir for r in single]  # the same run folders either way
+    assert all(isinstance(t, GridRun) for t in tasks(single))
+    work = tasks(runs)
+    assert all(isinstance(t, PopulationTask) for t in work)
+    assert [(t.runs[0].config["act"], len(t.runs)) for t in work] == [("relu", 3), ("relu", 1), ("elephant", 3),
+                                                                      ("elephant", 1)]
+    assert [r for t in work for r in t.runs] == sorted(runs, key=lambda r: r.config["act"] != "relu")
+    for t in work:  # the shared values leave the members' settings to them, also those in `set`
+        assert t.values["set"] == ["learning_starts=100"] and not {"lr", "seed", "buffer_size"} & set(t.values)
+        members = [Member(r.config["seed"], r.config["learning_rate"], r.config["buffer_size"]) for r in t.runs]
+        assert member_configs(t.values, members) == [r.config for r in t.runs]
+    assert not any(t.resume for t in work)
+    assert [len(t.runs) for t in tasks(plan(_population_spec(), tmp_path))] == [4, 4]  # no population_size: all
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"command": "ppo", "fixed": {"env": "CartPole-v1"}}, "engine: population trains dqn runs only, not ppo"),
+    ({"engine": "fast"}, "unknown engine 'fast'"),
+    ({"engine": None, "population_size": 4}, "population_size is for grids with engine: population"),
+    ({"population_size": 0}, "population_size must be a positive integer"),
+])
+def test_bad_population_grids_are_refused(tmp_path, change, message):
+    from agents.commands import ConfigError
+
+    spec = {**_population_spec(), **change}
+    with pytest.raises(ConfigError, match=message):
+        plan({k: v for k, v in spec.items() if v is not None}, tmp_path)
+
+
+def test_a_failing_population_fails_every_member(tmp_path):
+    from agents.grid import run_grid
+
+    spec = _population_spec()
+    spec["fixed"] = {**spec["fixed"], "env": "CartPole-v1"}  # no batched CartPole: the population raises
+    runs = plan(spec, tmp_path)
+    report = run_grid(runs, progress=False)
+    assert [o.state for o in report.outcomes] == ["failed"] * 8 and report.exit_status == 1
+    assert all("no batched version of 'CartPole-v1'" in o.detail for o in report.outcomes)
+    for r in runs:
+        assert "Traceback" in (r.run_dir / "ERROR.txt").read_text() and not (r.run_dir / "DONE.json").exists()

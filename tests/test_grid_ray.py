@@ -1,0 +1,211 @@
+"""``python -m agents.grid --backend ray`` on a real Ray cluster started here on loopback (2 CPUs): its results equal
+the local backend's, a worker SIGKILLed mid-run is reported and ``--resume`` finishes its run exactly, and
+``engine: population`` grids run as Ray tasks into the run folders the reports read.
+
+The grids run in this process (one Ray job, so its workers import torch once), except a resume, which runs
+``python -m agents.grid`` with ``RAY_ADDRESS`` as a user would."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from agents.grid import load_grid, main, plan  # noqa: E402
+from probes import read_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+#: two DQN runs of 1000 steps, a checkpoint every 200 (about 2 s each)
+DQN = ("command: dqn\nfixed: {env: CartPole-v1, act: relu, hidden: 16, progress: false, steps: 1000, "
+       "checkpoint_every: 200, set: [learning_starts=50]}\ngrids: [{seed: [0, 1]}]\n")
+#: two populations of two members (MountainCar has a batched env; episodes capped at 200 steps)
+POPULATION = ("command: dqn\nengine: population\npopulation_size: 2\nfixed: {env: MountainCar-v0, act: relu, "
+              "hidden: 16, progress: false, steps: 600, set: [learning_starts=100, max_episode_steps=200]}\n"
+              "grids: [{seed: [0, 1], lr: [0.001, 0.0003]}]\n")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_env(**extra: str) -> dict[str, str]:
+    """The environment of the cluster and of grids run as subprocesses, with token authentication as in this
+    process (off unless RAY_AUTH_MODE says otherwise; Ray reads it on import): left unset, ``ray start`` would turn
+    it on wherever ``~/.ray/auth_token`` exists (a local ``ray.init()`` writes one), and drivers given an address
+    would then be refused."""
+    return {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+            "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A one-node Ray cluster (``ray start --head --block``, its own ports and temp dir; SIGTERM ends it and all
+    its processes) and this process connected to it; its address."""
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
+    port = _free_port()
+    log = open(temp / "ray-start.log", "w+")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+         f"--temp-dir={temp}", f"--dashboard-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+         f"--metrics-export-port={_free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=_ray_env())
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    env = pytest.MonkeyPatch()
+    try:
+        deadline = time.time() + 120
+        while "block forever" not in (temp / "ray-start.log").read_text():
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"ray start failed:\n{(temp / 'ray-start.log').read_text()}")
+            time.sleep(0.2)
+        address = f"127.0.0.1:{port}"
+        env.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address=address, logging_level="WARNING")
+        yield address
+    finally:
+        ray.shutdown()
+        env.undo()
+        for sig, handler in handlers.items():  # ray.init sets its own SIGTERM handler
+            signal.signal(sig, handler)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the cluster's processes share the group of `ray start`
+            proc.wait()
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, Path]:
+    """The DQN grid run by the local backend: (grid file, out)."""
+    root = tmp_path_factory.mktemp("reference")
+    grid = _write(root / "grid.yml", DQN)
+    assert main([str(grid), "--out", str(root / "runs")]) == 0
+    return grid, root / "runs"
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The final network of a run: ``model.zip``'s policy (SB3) or ``q_net.pt`` (a population member)."""
+    if (run_dir / "q_net.pt").exists():
+        return torch.load(run_dir / "q_net.pt")
+    with zipfile.ZipFile(run_dir / "model.zip") as z:
+        return torch.load(io.BytesIO(z.read("policy.pth")))
+
+
+def _assert_same_results(a: Path, b: Path) -> None:
+    """Two finished run folders hold the same results: DONE.json's config, the summary's returns, every logged
+    scalar and the final weights."""
+    done_a, done_b = (json.loads((d / "DONE.json").read_text()) for d in (a, b))
+    assert done_a["config"] == done_b["config"]
+    for key in ("status", "steps", "episodes", "final_return"):
+        assert done_a["summary"][key] == done_b["summary"][key], key
+    ra, rb = read_run(a / "run.h5"), read_run(b / "run.h5")
+    assert set(ra.scalars) == set(rb.scalars) and ra.scalars
+    for name in ra.scalars:
+        assert all(np.array_equal(x, y) for x, y in zip(ra.scalars[name], rb.scalars[name])), name
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _run_dirs(grid: Path, out: Path) -> list[Path]:
+    return [r.run_dir for r in plan(load_grid(grid), out)]
+
+
+def test_a_grid_on_ray_equals_the_local_backend(cluster, reference, tmp_path, capsys):
+    grid, ref = reference
+    out = tmp_path / "runs"
+    assert main([str(grid), "--out", str(out), "--backend", "ray"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(rf"ray: the cluster at \S+:{cluster.rsplit(':', 1)[1]}, 2 CPUs", err), err
+    assert "grid done: 2 finished, 0 failed, 0 interrupted, 0 not started" in err
+    for a, b in zip(_run_dirs(grid, ref), _run_dirs(grid, out), strict=True):
+        _assert_same_results(a, b)
+
+
+def test_a_killed_worker_is_reported_and_resume_finishes_its_run(cluster, reference, tmp_path, capsys):
+    grid, ref = reference
+    out = tmp_path / "runs"
+    victim, other = _run_dirs(grid, out)
+    killed: list[int] = []
+
+    def kill_after_first_checkpoint() -> None:
+        deadline = time.time() + 120
+        while not (victim / "checkpoint.pkl").exists() and time.time() < deadline:
+            time.sleep(0.01)
+        pid = json.loads((victim / ".lock").read_text())["pid"]  # the run folder's writer: its Ray worker
+        assert "ray::" in Path(f"/proc/{pid}/cmdline").read_text()
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint)
+    killer.start()
+    status = main([str(grid), "--out", str(out), "--backend", "ray"])
+    killer.join()
+    err = capsys.readouterr().err
+    assert killed and status == 1, err
+    message = (f"{victim}: agents.grid.WorkerLost: the Ray worker running it died (WorkerCrashedError: The worker "
+               "died unexpectedly while executing this task.")
+    assert f"run failed: {message}" in err
+    assert "grid done: 1 finished, 1 failed, 0 interrupted, 0 not started" in err
+    assert "re-run the grid with --resume to continue it from its last checkpoint" in err
+    assert (victim / "checkpoint.pkl").exists() and not (victim / "DONE.json").exists()
+    assert (other / "DONE.json").exists()
+
+    # as a user would: python -m agents.grid, connecting to RAY_ADDRESS
+    proc = subprocess.run([sys.executable, "-m", "agents.grid", str(grid), "--out", str(out), "--backend", "ray",
+                           "--resume"], cwd=ROOT, env=_ray_env(RAY_ADDRESS=cluster), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 runs, 1 already finished" in proc.stderr and "grid done: 1 finished, 0 failed" in proc.stderr
+    assert len(read_run(victim / "run.h5").attrs["resumes"]) == 1  # continued from its checkpoint, not redone
+    for a, b in zip(_run_dirs(grid, ref), (victim, other), strict=True):
+        _assert_same_results(a, b)
+
+
+def test_populations_run_as_ray_tasks_into_the_folders_reports_read(cluster, tmp_path, capsys):
+    from reports.classic import classic_table
+    from reports.data import finished
+
+    grid = _write(tmp_path / "grid.yml", POPULATION)
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    assert main([str(grid), "--out", str(local)]) == 0
+    assert main([str(grid), "--out", str(on_ray), "--backend", "ray"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("4 runs, 0 already finished; 4 to train in 2 populations") == 2
+    assert err.count("grid done: 4 finished, 0 failed, 0 interrupted, 0 not started") == 2
+    for a, b in zip(_run_dirs(grid, local), _run_dirs(grid, on_ray), strict=True):
+        _assert_same_results(a, b)
+        assert json.loads((b / "summary.json").read_text())["engine"].startswith("population:")
+    runs = [read_run(d / "run.h5") for d in _run_dirs(grid, on_ray)]
+    assert all(finished(r) for r in runs)
+    (row,), warnings = classic_table(runs)
+    assert not warnings and (row.env, row.act, row.buffer_size, row.n_seeds) == ("MountainCar-v0", "relu", 10_000, 2)
+    assert main([str(grid), "--out", str(on_ray), "--dry-run"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["done"] * 4
