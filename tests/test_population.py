@@ -144,6 +144,32 @@ def test_bad_settings_are_refused():
         Population(resolve("dqn", {"env": "CartPole-v1"}), MEMBERS)
 
 
+def test_a_members_probe_context_is_its_network_and_replay():
+    """What a probe sees of member m: its weights, rows of its own buffer drawn with the probe's RNG, TD targets from
+    its target network (recomputed here member by member), the per-sample squared TD error."""
+    config = resolve("dqn", {"env": "MountainCar-v0", "act": "elephant", "n_timesteps": 1300,
+                             "target_update_interval": 250})
+    pop = Population(config, MEMBERS, implementation="loop")
+    pop.learn(1300)  # the target copy (step 1250) lags the network
+    for m, member in enumerate(MEMBERS):
+        model = member_q_net(config, member.seed)
+        ctx = pop.member_probe_context(m, model, np.random.default_rng(5))
+        assert all(torch.equal(v, pop.member_state(m)[k]) for k, v in model.state_dict().items())
+        obs, act, y = ctx["sample"](16)
+        idx = np.random.default_rng(5).integers(0, int(pop.size[m]), 16)
+        assert torch.equal(obs, torch.as_tensor(pop.obs_buf[m, idx])) and np.array_equal(act, pop.act_buf[m, idx])
+        target = member_q_net(config, member.seed)
+        target.load_state_dict({f"q_net.{k}": v[m] for k, v in pop.target.items()})
+        with torch.no_grad():
+            next_q = target(torch.as_tensor(pop.next_buf[m, idx])).max(1).values
+        expected = torch.as_tensor(pop.rew_buf[m, idx]) + (1 - torch.as_tensor(pop.done_buf[m, idx])) * 0.99 * next_q
+        assert torch.allclose(y, expected, atol=1e-6, rtol=0)
+        td = ctx["losses"]["td"](model, (obs, act, y))
+        with torch.no_grad():
+            q = model(obs).gather(1, act[:, None]).squeeze(1)
+        assert td.shape == (16,) and torch.allclose(td, (q - y) ** 2)
+
+
 def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     """Members' folders, configs and logs are those ``agents.train dqn`` writes, so reports read them unchanged."""
     import json
@@ -157,18 +183,26 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     from reports.data import finished
 
     root = Path(__file__).resolve().parents[1]
+    settings = ["max_episode_steps=200", "probe=[gradcov,sparsity]", "probe_every=500"]
     proc = subprocess.run([sys.executable, "-m", "agents.population.run", "--env", "MountainCar-v0", "--act", "relu",
-                           "--seeds", "0-1", "--buffers", "32,10000", "--steps", "1500", "--set",
-                           "max_episode_steps=200", "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
-                          timeout=300)
+                           "--seeds", "0-1", "--buffers", "32,10000", "--steps", "1500",
+                           *(a for x in settings for a in ("--set", x)), "--out", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    single = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "MountainCar-v0", "--act", "relu",
+                             "--steps", "1500", *(a for x in settings for a in ("--set", x)), "--out",
+                             str(tmp_path / "single")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
     members = [Member(s, 1e-3, b) for s in (0, 1) for b in (32, 10_000)]
-    configs = member_configs({"env": "MountainCar-v0", "act": "relu", "n_timesteps": 1500,
-                              "set": ["max_episode_steps=200"]}, members)
+    configs = member_configs({"env": "MountainCar-v0", "act": "relu", "n_timesteps": 1500, "set": settings}, members)
+    alone = read_run(next((tmp_path / "single").rglob("run.h5")))
+    layout = lambda r: {g: {f: np.shape(v) for f, v in d.items()} for g, d in r.probes.items()}  # noqa: E731
     for c in configs:
         run_dir = get_command("dqn").run_dir(c, tmp_path)
         run = read_run(run_dir / "run.h5")
         assert finished(run) and run.config["buffer_size"] == c["buffer_size"] and run.seed == c["seed"]
+        assert layout(run) == layout(alone) and set(run.scalars) == set(alone.scalars)  # probes as a single run's
+        assert set(run.attrs) - set(alone.attrs) <= {"engine", "population_size"}
         steps, returns = run.scalars["episode_return"]
         assert len(steps) == 7 and np.all(returns == -200.0)  # 1500 steps of 200-step episodes, none reached the top
         assert len(run.scalars["loss"][0]) > 0
@@ -193,7 +227,7 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     root = Path(__file__).resolve().parents[1]
     args = [sys.executable, "-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
             "0-2", "--lrs", "1e-3,1e-4", "--steps", "900", "--set", "max_episode_steps=150", "--set",
-            "learning_starts=200", "--checkpoint-every", "200"]
+            "learning_starts=200", "--set", "probe=[gradcov]", "--set", "probe_every=300", "--checkpoint-every", "200"]
     env = {k: v for k, v in os.environ.items() if k != KILL_AT}
     ref = subprocess.run([*args, "--out", str(tmp_path / "ref")], cwd=root, env=env, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr
@@ -210,6 +244,10 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
         ra, rb = read_run(a), read_run(b)
         for name in ra.scalars:
             assert all(np.array_equal(x, y) for x, y in zip(ra.scalars[name], rb.scalars[name])), name
+        assert len(ra.probes["gradcov"]["step"]) == 3  # at 300, 600 and 900; the kill was at 400
+        for group, fields in ra.probes.items():
+            for f, v in fields.items():
+                assert np.array_equal(v, rb.probes[group][f]), (group, f)
         wa, wb = torch.load(a.parent / "q_net.pt"), torch.load(b.parent / "q_net.pt")
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not list((tmp_path / "run" / "populations").glob("*.pkl"))  # finished: the checkpoint is gone

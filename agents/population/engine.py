@@ -175,9 +175,6 @@ class Population:
         if config.get("env_kwargs"):
             raise ValueError(f"the batched envs run the registered envs' defaults; env_kwargs {config['env_kwargs']} "
                              "would make members differ from agents.train dqn's runs")
-        if config.get("probe"):
-            raise ValueError(f"probes per population member are not wired yet (asked for {config['probe']}): run "
-                             "the probed settings with agents.train dqn")
         self.config, self.members, self.device = dict(config), list(members), torch.device(device)
         self.P = len(members)
         nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
@@ -338,6 +335,40 @@ class Population:
     def member_state(self, m: int) -> dict[str, Tensor]:
         """Member ``m``'s network parameters and buffers, named as in SB3's Q-network's ``state_dict``."""
         return {f"q_net.{k}": v[m].detach() for k, v in (*self.params.items(), *self.buffers.items())}
+
+    def member_probe_context(self, m: int, model: nn.Module, rng: np.random.Generator) -> dict[str, Any]:
+        """What a probe sees of member ``m`` (the fields of :class:`probes.ProbeContext` but step and inputs), as
+        :func:`probes.sb3.dqn_context` gives it of SB3's DQN: ``model`` (the member's ``QNetwork``, loaded here with
+        its current weights), the per-sample TD loss ``(q - target)^2`` and ``sample(k)``, ``k`` rows of its replay
+        buffer drawn with ``rng`` (the probe's own, never the member's draws) with targets from its target network."""
+        model.load_state_dict(self.member_state(m))
+        target = {k: v[m] for k, v in self.target.items()}
+
+        def sample(k: int) -> tuple[Tensor, Tensor, Tensor]:
+            if self.size[m] == 0:
+                raise RuntimeError("the replay buffer is empty; probe after learning_starts")
+            idx = rng.integers(0, int(self.size[m]), size=k)
+            as_t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
+            with torch.no_grad():
+                next_q = functional_call(self.base, ({**target, **{k: v[m] for k, v in self.buffers.items()}},),
+                                         (as_t(self.next_buf[m, idx]).to(self.dtype),)).max(-1).values
+                y = as_t(self.rew_buf[m, idx]).to(self.dtype) + \
+                    (1 - as_t(self.done_buf[m, idx]).to(self.dtype)) * self.config["gamma"] * next_q
+            return as_t(self.obs_buf[m, idx]), as_t(self.act_buf[m, idx]), y
+
+        def td(q_net: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+            obs, actions, y = batch
+            return (q_net(obs).gather(1, actions[:, None]).squeeze(1) - y) ** 2
+
+        return {"model": model, "losses": {"td": td}, "sample": sample}
+
+    def stored_observations(self, m: int, n: int, rng: np.random.Generator) -> Tensor | None:
+        """``n`` distinct observations member ``m`` has stored, in storage order (None until it has ``n``), chosen
+        as :class:`probes.sb3.ProbeCallback` chooses a run's fixed probe inputs."""
+        if self.size[m] < n:
+            return None
+        idx = np.sort(rng.choice(int(self.size[m]), size=n, replace=False))
+        return torch.as_tensor(self.obs_buf[m, idx], device=self.device)
 
     def learn(self, steps: int, on_step: Callable[[Population], None] | None = None) -> None:
         for _ in range(steps):

@@ -7,8 +7,9 @@ Members are the product of seeds x learning rates x buffer sizes; each gets the 
 resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``),
 so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
 lengths and the TD loss (every hundredth of the run); the run log's ``engine`` attribute says
-``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). The population
-checkpoints to ``OUT/populations/<key>.pkl`` and ``--resume`` continues it exactly. Not yet: probes per member, Ray.
+``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). Probes
+(``--set probe=[gradcov]`` ...) run per member on its own network and replay buffer, into its log, as in a single
+run. The population checkpoints to ``OUT/populations/<key>.pkl`` and ``--resume`` continues it exactly.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ import yaml
 
 from agents.commands import OUTPUT_KEYS, ConfigError, get_command
 from agents.rl.checkpoint import write_atomic
-from agents.rl.config import resolve
-from probes.runlog import RunLog
+from agents.rl.config import probe_arguments, resolve
+from probes import ProbeContext, ProbeRunner, make_probe
 from probes.sb3 import SCALARS
 
-from .engine import Member, Population
+from .engine import Member, Population, member_q_net
 
 __all__ = ["member_configs", "train_population", "main"]
 
@@ -43,6 +44,51 @@ def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list
     """Each member's resolved ``dqn`` config (``values`` plus its seed, learning rate and buffer size)."""
     return [resolve("dqn", {**values, "seed": m.seed, "learning_rate": m.learning_rate,
                             "buffer_size": m.buffer_size}) for m in members]
+
+
+class MemberLog:
+    """Member ``m``'s run log and probes, kept as :class:`probes.sb3.ProbeCallback` keeps a single run's: the same
+    log layout, probes built from the member's config, its own probe RNG (seeded as a run's) and fixed probe inputs
+    drawn from its replay buffer, ``resume`` (:meth:`state` from a checkpoint) continuing all of it exactly."""
+
+    def __init__(self, pop: Population, m: int, config: Mapping[str, Any], path: Path, device: str,
+                 resume: Mapping[str, Any] | None, extra_attrs: Mapping[str, Any]) -> None:
+        self.pop, self.m, self.n_inputs = pop, m, int(config["probe_inputs"])
+        self.rng = np.random.default_rng([config["seed"], 0x9E3779B9])
+        self.model = member_q_net(config, config["seed"]).to(pop.device)  # loaded with the member's weights per probe
+        probes = [make_probe(name, **probe_arguments(config, name)) for name in config["probe"]]
+        example = ProbeContext(step=0, inputs=torch.zeros(self.n_inputs, pop.env.obs_dim),
+                               **pop.member_probe_context(m, self.model, self.rng))
+        self.runner = ProbeRunner(probes, path, example=example,
+                                  config={k: v for k, v in config.items() if k not in OUTPUT_KEYS}, seed=config["seed"],
+                                  scalars=SCALARS, device=device, extra_attrs=extra_attrs, overwrite=resume is None,
+                                  keep=None if resume is None else resume["runner"]["counts"])
+        self.inputs: torch.Tensor | None = None
+        if resume is not None:
+            self.runner.restore(resume["runner"])
+            self.rng.bit_generator.state = resume["rng"]
+            self.inputs = None if resume["inputs"] is None else torch.as_tensor(resume["inputs"], device=pop.device)
+
+    def probe(self, step: int) -> None:
+        """Run the probes due at ``step`` (after the population's step)."""
+        if not self.runner.due(step):
+            return
+        if self.inputs is None:
+            self.inputs = self.pop.stored_observations(self.m, self.n_inputs, self.rng)
+            if self.inputs is None:
+                return
+        self.runner.on_step(ProbeContext(step=step, inputs=self.inputs,
+                                         **self.pop.member_probe_context(self.m, self.model, self.rng)))
+
+    def scalar(self, name: str, step: int, value: float) -> None:
+        self.runner.scalar(name, step, value)
+
+    def state(self) -> dict[str, Any]:
+        return {"runner": self.runner.state(), "rng": self.rng.bit_generator.state,
+                "inputs": None if self.inputs is None else self.inputs.cpu().numpy()}
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
@@ -84,21 +130,21 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         d.mkdir(parents=True, exist_ok=True)
         if state is None:
             (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
-        logs.append(RunLog(d / "run.h5", config={k: v for k, v in c.items() if k not in OUTPUT_KEYS}, seed=c["seed"],
-                           probes={}, scalars=SCALARS, device=device, overwrite=state is None,
-                           keep=state["counts"][m] if state else None,
-                           extra_attrs={"engine": f"population:{pop.implementation}", "population_size": len(members)}))
+        logs.append(MemberLog(pop, m, c, d / "run.h5", device, state["logs"][m] if state else None,
+                              extra_attrs={"engine": f"population:{pop.implementation}",
+                                           "population_size": len(members)}))
     loss_every = max(1, steps // 100)
     start = time.perf_counter() - (state["wall"] if state else 0.0)
     try:
         while pop.num_timesteps < steps:
             if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
-                write_atomic(path, {"pop": pop, "seen": list(seen), "counts": [log.counts() for log in logs],
+                write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs],
                                      "wall": time.perf_counter() - start})
             state = None  # (a resumed run does not rewrite the checkpoint it started from)
             pop.step()
             t = pop.num_timesteps
             for m, log in enumerate(logs):
+                log.probe(t)
                 for step, ret, length in pop.episodes[m][seen[m]:]:
                     log.scalar("episode_return", step, ret)
                     log.scalar("episode_length", step, length)
@@ -107,7 +153,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                 for m, log in enumerate(logs):
                     log.scalar("loss", t, float(pop.last_losses[m]))
         for log in logs:
-            log.end(steps, "finished")
+            log.runner.log.end(steps, "finished")
     finally:
         for log in logs:
             log.close()
