@@ -136,10 +136,11 @@ def test_bad_settings_are_refused():
     assert Population(tanh, MEMBERS[:1]).implementation == "vmap"  # auto: the generic path
     with pytest.raises(ValueError, match="implementation must be one of"):
         Population(resolve("dqn", {"env": "MountainCar-v0"}), MEMBERS, implementation="fast")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda': this torch build or machine has no CUDA"):
+            Population(resolve("dqn", {"env": "MountainCar-v0"}), MEMBERS, device="cuda")
     with pytest.raises(ValueError, match=r"the batched envs run the registered envs' defaults; env_kwargs"):
         Population(resolve("dqn", {"env": "Catcher-PLE-v0", "env_kwargs": {"rect_rounding": "round"}}), MEMBERS)
-    with pytest.raises(ValueError, match=r"probes per population member are not wired yet \(asked for \['gradcov'\]\)"):
-        Population(resolve("dqn", {"env": "MountainCar-v0", "probe": ["gradcov"]}), MEMBERS)
     with pytest.raises(ValueError, match="no batched version of 'CartPole-v1'"):
         Population(resolve("dqn", {"env": "CartPole-v1"}), MEMBERS)
 

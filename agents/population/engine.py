@@ -172,6 +172,8 @@ class Population:
             raise ValueError("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one "
                              "update per env step, 1-step returns, target copies, one env per member; got "
                              f"{unsupported or 'another loss, optimiser, clipping or tau'}")
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this torch build or machine has no CUDA; use --device cpu")
         if config.get("env_kwargs"):
             raise ValueError(f"the batched envs run the registered envs' defaults; env_kwargs {config['env_kwargs']} "
                              "would make members differ from agents.train dqn's runs")
