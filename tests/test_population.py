@@ -214,12 +214,14 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
 
 
 def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
-    """SIGKILL right after the second checkpoint, then --resume: every member's log and final weights equal those of
-    an uninterrupted population (a kill loses at most one checkpoint interval of work, nothing of the result)."""
+    """SIGKILL right after the second checkpoint, or SIGTERM (a checkpoint of the step it stops after), then
+    --resume: every member's log, probes and final weights equal those of an uninterrupted population (a kill loses at
+    most one checkpoint interval of work, nothing of the result)."""
     import os
     import signal
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     from probes import read_run
@@ -238,10 +240,20 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     resumed = subprocess.run([*args, "--resume", "--out", str(tmp_path / "run")], cwd=root, env=env,
                              capture_output=True, text=True)
     assert resumed.returncode == 0 and "resuming the population of 6 at step 400" in resumed.stderr, resumed.stderr
+    # SIGTERM once the first checkpoint exists: a checkpoint of the step it stopped after, exit 143, resumed
+    term = subprocess.Popen([*args, "--out", str(tmp_path / "term")], cwd=root, env=env, stderr=subprocess.PIPE,
+                            text=True)
+    while not list((tmp_path / "term" / "populations").glob("*.pkl")) and term.poll() is None:
+        time.sleep(0.05)
+    term.send_signal(signal.SIGTERM)
+    assert term.wait(timeout=120) == 128 + signal.SIGTERM
+    assert "stopped by signal 15 at step" in term.stderr.read()
+    again = subprocess.run([*args, "--resume", "--out", str(tmp_path / "term")], cwd=root, env=env,
+                           capture_output=True, text=True)
+    assert again.returncode == 0 and "resuming the population of 6 at step" in again.stderr, again.stderr
     logs = sorted((tmp_path / "ref").rglob("run.h5"))
     assert len(logs) == 6
-    for a in logs:
-        b = tmp_path / "run" / a.relative_to(tmp_path / "ref")
+    for a, b in ((a, tmp_path / out / a.relative_to(tmp_path / "ref")) for a in logs for out in ("run", "term")):
         ra, rb = read_run(a), read_run(b)
         for name in ra.scalars:
             assert all(np.array_equal(x, y) for x, y in zip(ra.scalars[name], rb.scalars[name])), name
@@ -251,4 +263,5 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
                 assert np.array_equal(v, rb.probes[group][f]), (group, f)
         wa, wb = torch.load(a.parent / "q_net.pt"), torch.load(b.parent / "q_net.pt")
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert not list((tmp_path / "run" / "populations").glob("*.pkl"))  # finished: the checkpoint is gone
+    for out in ("run", "term"):
+        assert not list((tmp_path / out / "populations").glob("*.pkl"))  # finished: the checkpoint is gone

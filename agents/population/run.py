@@ -31,6 +31,7 @@ import yaml
 
 from agents.commands import OUTPUT_KEYS, ConfigError, get_command
 from agents.rl.checkpoint import write_atomic
+from agents.signals import STOP_SIGNALS, handling
 from agents.rl.config import probe_arguments, resolve
 from probes import ProbeContext, ProbeRunner, make_probe
 from probes.sb3 import SCALARS
@@ -91,6 +92,11 @@ class MemberLog:
         self.runner.close()
 
 
+def _checkpoint(path: Path, pop: Population, seen: Sequence[int], logs: Sequence[MemberLog], wall: float) -> None:
+    """The whole population, the episodes its logs hold and their states, in one atomic pickle."""
+    write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs], "wall": wall})
+
+
 def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
     """``OUT/populations/<key>.pkl``: one file per population (its members' configs make the key)."""
     key = hashlib.sha1(json.dumps([{k: v for k, v in c.items() if k not in OUTPUT_KEYS} for c in configs],
@@ -105,7 +111,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
 
     Every ``checkpoint_every`` steps (default: a tenth of the run; 0: never) the whole population (networks,
     optimiser states, buffers, envs, generators, episodes) and its logs' record counts go to one atomic pickle;
-    ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records)."""
+    ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
+    SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
+    the logs), then raise ``SystemExit(128 + signal)``."""
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in ("seed", "learning_rate", "buffer_size", "derived")}
     for c in configs[1:]:
@@ -135,23 +143,31 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                                            "population_size": len(members)}))
     loss_every = max(1, steps // 100)
     start = time.perf_counter() - (state["wall"] if state else 0.0)
+    stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
     try:
-        while pop.num_timesteps < steps:
-            if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
-                write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs],
-                                     "wall": time.perf_counter() - start})
-            state = None  # (a resumed run does not rewrite the checkpoint it started from)
-            pop.step()
-            t = pop.num_timesteps
-            for m, log in enumerate(logs):
-                log.probe(t)
-                for step, ret, length in pop.episodes[m][seen[m]:]:
-                    log.scalar("episode_return", step, ret)
-                    log.scalar("episode_length", step, length)
-                seen[m] = len(pop.episodes[m])
-            if pop.last_losses is not None and t % loss_every == 0:
+        with handling(STOP_SIGNALS, lambda signum, frame: stop.append(signum)):
+            while pop.num_timesteps < steps and not stop:
+                if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
+                    _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
+                state = None  # (a resumed run does not rewrite the checkpoint it started from)
+                pop.step()
+                t = pop.num_timesteps
                 for m, log in enumerate(logs):
-                    log.scalar("loss", t, float(pop.last_losses[m]))
+                    log.probe(t)
+                    for step, ret, length in pop.episodes[m][seen[m]:]:
+                        log.scalar("episode_return", step, ret)
+                        log.scalar("episode_length", step, length)
+                    seen[m] = len(pop.episodes[m])
+                if pop.last_losses is not None and t % loss_every == 0:
+                    for m, log in enumerate(logs):
+                        log.scalar("loss", t, float(pop.last_losses[m]))
+        if stop:  # checkpoint the step just finished (nothing is lost), mark the logs, exit as a stopped run does
+            _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
+            for log in logs:
+                log.runner.log.end(pop.num_timesteps, "interrupted")
+            print(f"{path}: stopped by signal {stop[0]} at step {pop.num_timesteps} of {steps}, checkpointed; "
+                  "--resume continues", file=sys.stderr)
+            raise SystemExit(128 + stop[0])
         for log in logs:
             log.runner.log.end(steps, "finished")
     finally:
