@@ -44,11 +44,11 @@ __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 #: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
 #: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
 #: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
-#: least :data:`COMPILE_FROM` agent-steps, where the compile costs a few percent, else "batched"; "vmap" for networks
+#: least :data:`COMPILE_FROM` agent-steps, where the compile costs under ~10%, else "batched"; "vmap" for networks
 #: the batched path does not know)
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
-COMPILE_FROM = 2_000_000
+COMPILE_FROM = 500_000
 #: Linear layers with at most this many outputs run as a fused product-sum under "compiled"
 NARROW = 16
 
