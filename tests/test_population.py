@@ -265,3 +265,38 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
     for out in ("run", "term"):
         assert not list((tmp_path / out / "populations").glob("*.pkl"))  # finished: the checkpoint is gone
+
+
+def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path):
+    """A member whose TD loss turns non-finite stops there (run_end "nan", summary status "nan"), as a single run
+    does; the other members train exactly as a population without it (members interact nowhere). FTA's network here,
+    whose non-persistent buffer stays out of q_net.pt (a strict load into the member's QNetwork works); a stale
+    checkpoint from an earlier population at the same path is not resumed by a fresh start."""
+    from agents.commands import get_command
+    from agents.population.run import _checkpoint_path, member_configs, train_population
+    from probes import read_run
+
+    values = {"env": "Acrobot-v1", "act": "fta", "n_timesteps": 600, "set": ["learning_starts=100"]}
+    wild = Member(seed=0, learning_rate=1e30, buffer_size=64)  # its squared TD errors overflow float32
+    members = [Member(seed=1, learning_rate=1e-3, buffer_size=300), wild]
+    path = _checkpoint_path(tmp_path / "both", member_configs(values, members))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a checkpoint")
+    both = train_population(values, members, tmp_path / "both", implementation="batched")
+    alone = train_population(values, members[:1], tmp_path / "alone", implementation="batched")
+    assert not path.exists()
+    assert both[1]["status"] == "nan" and both[1]["steps"] < 600 and both[0]["status"] == "finished"
+    configs = member_configs(values, members)
+    dirs = [get_command("dqn").run_dir(c, tmp_path / "both") for c in configs]
+    assert read_run(dirs[1] / "run.h5").scalars["run_end"][0][-1] == both[1]["steps"]
+    a = torch.load(dirs[0] / "q_net.pt")
+    b = torch.load(get_command("dqn").run_dir(configs[0], tmp_path / "alone") / "q_net.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    member_q_net(configs[0], 1).load_state_dict(a)  # strict: exactly the QNetwork's keys
+
+
+def test_settings_the_engine_would_ignore_are_refused():
+    for setting in ({"lr_schedule": "linear"}, {"normalize_obs": True}, {"eval_every": 500},
+                    {"optimizer_kwargs": {"alpha": 0.999, "eps": 1e-8, "momentum": 0.9}}):
+        with pytest.raises(ValueError, match="the population engine runs the paper's DQN as agents.train dqn does"):
+            Population(resolve("dqn", {"env": "MountainCar-v0", **setting}), MEMBERS)

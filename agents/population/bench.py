@@ -34,7 +34,8 @@ def sb3_rate(config: dict, steps: int) -> float:
 
 def population_rate(config: dict, p: int, steps: int, implementation: str) -> tuple[float, dict[str, float], float]:
     """Env steps/s of P members, the time shares of acting, env and update, and the warm-up's seconds."""
-    members = [Member(seed=s, learning_rate=config["learning_rate"], buffer_size=config["buffer_size"]) for s in range(p)]
+    members = [Member(seed=s, learning_rate=config["learning_rate"], buffer_size=config["buffer_size"])
+               for s in range(p)]
     pop = Population(config, members, implementation=implementation)
     t0 = time.perf_counter()
     pop.learn(config["learning_starts"] + 1)

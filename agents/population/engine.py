@@ -7,9 +7,10 @@ weights), the same loop order per step (act, env step, store, target copy every 
 epsilon update, then one update once past ``learning_starts``), uniform actions before ``learning_starts``, then
 epsilon-greedy with the paper's absolute schedule, MSE TD loss on SB3's replay samples (``dones * (1 - timeouts)``),
 RMSprop with the member's learning rate. Members interact nowhere: their parameters are stacked on a leading axis
-(``torch.func.stack_module_state``), the forward pass is ``vmap`` of the module over members, the loss is the sum of
-the members' losses (so each member's gradient is its own), and RMSprop runs on the stacked tensors with a per-member
-learning rate.
+(``torch.func.stack_module_state``), one call runs every member's network (see :data:`IMPLEMENTATIONS`), the loss is
+the sum of the members' losses (so each member's gradient is its own), and RMSprop runs on the stacked tensors with
+a per-member learning rate. A member whose loss turns non-finite is stopped there, as a single run is: that update
+is not applied, its learning rate becomes 0 and :attr:`Population.diverged` holds the step.
 
 Randomness is per member and explicit (:class:`Draws`): a member's exploration coin, its random actions and its
 replay indices come from its own generator, and tests inject recorded draws to compare a member with SB3's DQN.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,13 +41,13 @@ from .envs import BatchedEnv, make_batched
 __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 
 #: how the members' networks run, fastest first: "compiled" (the batched network, TD loss and RMSprop step through
-#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a 30-60 s compile per
+#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a 10-60 s compile per
 #: population and process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager),
 #: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
 #: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
 #: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
-#: least :data:`COMPILE_FROM` agent-steps, where the compile costs under ~10%, else "batched"; "vmap" for networks
-#: the batched path does not know)
+#: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "vmap" for
+#: networks the batched path does not know)
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
 COMPILE_FROM = 500_000
@@ -56,10 +58,10 @@ NARROW = 16
 def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
     """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows (Linear, LayerNorm,
     ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
-    run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the form ``torch.compile`` fuses best (the
-    Elephant formula in plain ops; a narrow Linear layer, such as the Q head, as a broadcast product summed over its
-    inputs, which Inductor fuses with the activation before it, where a matmul of a few columns is a slow call);
-    else eager kernels (baddbmm, the fused Elephant function)."""
+    run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
+    form ``torch.compile`` fuses best (the Elephant formula in plain ops; a narrow Linear layer, such as the Q head,
+    as a broadcast product summed over its inputs, which Inductor fuses with the activation before it, where a
+    matmul of a few columns is a slow call); else eager kernels (baddbmm, the fused Elephant function)."""
     if not isinstance(base, nn.Sequential):
         return None
     steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
@@ -172,6 +174,15 @@ class Population:
             raise ValueError("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one "
                              "update per env step, 1-step returns, target copies, one env per member; got "
                              f"{unsupported or 'another loss, optimiser, clipping or tau'}")
+        ignored = {k: config.get(k) for k, ok in (("lr_schedule", "constant"), ("normalize_obs", False),
+                                                   ("normalize_reward", False), ("eval_every", None),
+                                                   ("sb3_log", None)) if (config.get(k) or ok) != ok}
+        opt_extra = set(config.get("optimizer_kwargs") or {}) - {"alpha", "eps", "foreach"}
+        if ignored or opt_extra or not config.get("exploration_steps"):
+            got = ignored or (f"optimizer_kwargs {sorted(opt_extra)}" if opt_extra else "exploration_steps unset")
+            raise ValueError("the population engine runs the paper's DQN as agents.train dqn does with constant "
+                             "learning rates, RMSprop's alpha and eps, raw observations and rewards, no evaluation "
+                             f"or SB3 logs and an exploration_steps schedule; got {got}")
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: this torch build or machine has no CUDA; use --device cpu")
         if config.get("env_kwargs"):
@@ -192,6 +203,7 @@ class Population:
             raise ValueError(f"implementation={implementation!r} runs MLPs of Linear, LayerNorm, ReLU, Elephant, "
                              f"Maxout, LWTA and FTA layers whose buffers all members share, not {self.base}; use "
                              "'auto' or 'vmap'")
+        self._auto, self._compiled_ok = implementation == "auto", False
         if implementation == "auto":
             implementation = "vmap" if not batched else \
                 "compiled" if self.P * int(config["n_timesteps"]) >= COMPILE_FROM else "batched"
@@ -223,6 +235,7 @@ class Population:
         self.episodes: list[list[tuple[int, float, int]]] = [[] for _ in range(self.P)]  # (step, return, length)
         self.last_losses: Tensor | None = None  # the members' TD losses at the latest update
         self.seconds = {"acting": 0.0, "env": 0.0, "update": 0.0}  # where the time went (benchmarks)
+        self.diverged = np.zeros(self.P, dtype=np.int64)  # the step of a member's non-finite loss; 0: none
         self._episode = np.zeros(self.P)
         self._length = np.zeros(self.P, dtype=np.int64)
 
@@ -243,6 +256,9 @@ class Population:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("diverged", np.zeros(self.P, dtype=np.int64))  # (checkpoints of before 2026-11-23)
+        self.__dict__.setdefault("_auto", True)
+        self._compiled_ok = False  # (compiled again here, maybe on another machine)
         self._build_paths()
 
     # --- network ----------------------------------------------------------------------------------------
@@ -281,8 +297,9 @@ class Population:
         greedy = greedy.cpu().numpy()
         return np.array([self.draws.action(m) if coins[m] else greedy[m] for m in range(self.P)])
 
-    def step(self) -> None:
-        """One env step of every member, its storage, target copy and (past ``learning_starts``) update."""
+    def step(self, before_store: Callable[[], None] | None = None) -> None:
+        """One env step of every member, its storage, target copy and (past ``learning_starts``) update;
+        ``before_store`` is called after the env step, before the rest, where SB3 calls a callback's ``on_step``."""
         t0 = time.perf_counter()
         actions = self._actions()
         t1 = time.perf_counter()
@@ -290,6 +307,8 @@ class Population:
         self.seconds["acting"] += t1 - t0
         self.seconds["env"] += time.perf_counter() - t1
         self.num_timesteps += 1
+        if before_store is not None:
+            before_store()
         rows = np.arange(self.P)
         self.obs_buf[rows, self.pos] = self.obs
         self.next_buf[rows, self.pos] = out.terminal
@@ -312,7 +331,26 @@ class Population:
             self.seconds["update"] += time.perf_counter() - t0
 
     def update(self) -> Tensor:
-        """One RMSprop step of every member on its own replay sample; the members' losses ``(P,)``."""
+        """One RMSprop step of every member on its own replay sample; the members' losses ``(P,)``. Under "auto",
+        a compile that fails at the first update (no C++ compiler, say) falls back to "batched" with a warning; asked
+        for by name, it is an error naming the cause."""
+        if self.implementation != "compiled" or self._compiled_ok:
+            return self._update()
+        try:
+            losses = self._update()
+        except Exception as err:  # Inductor's failures have many types; the first update is where they show
+            if not self._auto:
+                raise RuntimeError(f"implementation='compiled': torch.compile failed ({type(err).__name__}: "
+                                   f"{str(err).splitlines()[0] if str(err) else ''}); use 'batched'") from err
+            warnings.warn(f"torch.compile failed ({type(err).__name__}); the population runs 'batched' instead",
+                          stacklevel=2)
+            self.implementation = "batched"
+            self._build_paths()
+            return self._update()
+        self._compiled_ok = True
+        return losses
+
+    def _update(self) -> Tensor:
         k = self.config["batch_size"]
         idx = np.stack([self.draws.indices(m, int(self.size[m]), k) for m in range(self.P)])
         rows = np.arange(self.P)[:, None]
@@ -328,6 +366,12 @@ class Population:
         else:
             losses = self._losses(self.params, self.target, obs, act, nxt, rew, done)
         grads = torch.autograd.grad(losses.sum(), list(self.params.values()))
+        finite = torch.isfinite(losses)
+        if not bool(finite.all()):  # those members stop here, as a run stops at a non-finite loss
+            for m in torch.nonzero(~finite).flatten().tolist():
+                self.diverged[m] = self.diverged[m] or self.num_timesteps
+            self.lr = torch.where(finite, self.lr, torch.zeros_like(self.lr))
+            grads = [torch.where(finite.view(-1, *([1] * (g.dim() - 1))), g, torch.zeros_like(g)) for g in grads]
         with torch.no_grad():
             self._rmsprop(list(self.params.values()), grads, list(self.square_avg.values()), self.lr, self.alpha,
                           self.eps)
@@ -335,8 +379,9 @@ class Population:
         return self.last_losses
 
     def member_state(self, m: int) -> dict[str, Tensor]:
-        """Member ``m``'s network parameters and buffers, named as in SB3's Q-network's ``state_dict``."""
-        return {f"q_net.{k}": v[m].detach() for k, v in (*self.params.items(), *self.buffers.items())}
+        """Member ``m``'s ``state_dict`` as SB3's Q-network names it (parameters and persistent buffers)."""
+        keys = self.base.state_dict().keys()
+        return {f"q_net.{k}": v[m].detach() for k, v in (*self.params.items(), *self.buffers.items()) if k in keys}
 
     def member_probe_context(self, m: int, model: nn.Module, rng: np.random.Generator) -> dict[str, Any]:
         """What a probe sees of member ``m`` (the fields of :class:`probes.ProbeContext` but step and inputs), as
@@ -365,8 +410,8 @@ class Population:
         return {"model": model, "losses": {"td": td}, "sample": sample}
 
     def stored_observations(self, m: int, n: int, rng: np.random.Generator) -> Tensor | None:
-        """``n`` distinct observations member ``m`` has stored, in storage order (None until it has ``n``), chosen
-        as :class:`probes.sb3.ProbeCallback` chooses a run's fixed probe inputs."""
+        """``n`` distinct observations member ``m`` has stored, in buffer-index order (None until it has ``n``),
+        chosen as :class:`probes.sb3.ProbeCallback` chooses a run's fixed probe inputs."""
         if self.size[m] < n:
             return None
         idx = np.sort(rng.choice(int(self.size[m]), size=n, replace=False))

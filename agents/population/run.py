@@ -56,10 +56,12 @@ class MemberLog:
                  resume: Mapping[str, Any] | None, extra_attrs: Mapping[str, Any]) -> None:
         self.pop, self.m, self.n_inputs = pop, m, int(config["probe_inputs"])
         self.rng = np.random.default_rng([config["seed"], 0x9E3779B9])
-        self.model = member_q_net(config, config["seed"]).to(pop.device)  # loaded with the member's weights per probe
         probes = [make_probe(name, **probe_arguments(config, name)) for name in config["probe"]]
-        example = ProbeContext(step=0, inputs=torch.zeros(self.n_inputs, pop.env.obs_dim),
-                               **pop.member_probe_context(m, self.model, self.rng))
+        # the member's QNetwork, loaded with its weights at each probe (only built where there are probes)
+        self.model = member_q_net(config, config["seed"]).to(pop.device) if probes else None
+        inputs = torch.zeros(self.n_inputs, pop.env.obs_dim)
+        example = ProbeContext(step=0, inputs=inputs, **pop.member_probe_context(m, self.model, self.rng)) \
+            if probes else ProbeContext(step=0, model=pop.base, inputs=inputs)
         self.runner = ProbeRunner(probes, path, example=example,
                                   config={k: v for k, v in config.items() if k not in OUTPUT_KEYS}, seed=config["seed"],
                                   scalars=SCALARS, device=device, extra_attrs=extra_attrs, overwrite=resume is None,
@@ -71,7 +73,7 @@ class MemberLog:
             self.inputs = None if resume["inputs"] is None else torch.as_tensor(resume["inputs"], device=pop.device)
 
     def probe(self, step: int) -> None:
-        """Run the probes due at ``step`` (after the population's step)."""
+        """Run the probes due at ``step`` (after the env step, before storing and updating, as SB3's callbacks)."""
         if not self.runner.due(step):
             return
         if self.inputs is None:
@@ -113,7 +115,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     optimiser states, buffers, envs, generators, episodes) and its logs' record counts go to one atomic pickle;
     ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
     SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
-    the logs), then raise ``SystemExit(128 + signal)``."""
+    the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
+    diverged run does (``run_end`` "nan", summary status "nan"); the others go on."""
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in ("seed", "learning_rate", "buffer_size", "derived")}
     for c in configs[1:]:
@@ -126,6 +129,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     path = _checkpoint_path(Path(out), configs)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = None
+    if not resume:
+        path.unlink(missing_ok=True)  # a fresh start: an older checkpoint must not be resumed against its logs later
     if resume and path.exists():
         with open(path, "rb") as f:
             state = pickle.load(f)
@@ -150,25 +155,30 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                 if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
                     _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
                 state = None  # (a resumed run does not rewrite the checkpoint it started from)
-                pop.step()
+                live = [(m, log) for m, log in enumerate(logs) if not pop.diverged[m]]
+                pop.step(before_store=lambda: [log.probe(pop.num_timesteps) for _, log in live])
                 t = pop.num_timesteps
-                for m, log in enumerate(logs):
-                    log.probe(t)
+                for m, log in live:
                     for step, ret, length in pop.episodes[m][seen[m]:]:
                         log.scalar("episode_return", step, ret)
                         log.scalar("episode_length", step, length)
                     seen[m] = len(pop.episodes[m])
-                if pop.last_losses is not None and t % loss_every == 0:
-                    for m, log in enumerate(logs):
+                    if pop.diverged[m]:  # this step's loss was not finite: the member's run ends here, as a run's
                         log.scalar("loss", t, float(pop.last_losses[m]))
-        if stop:  # checkpoint the step just finished (nothing is lost), mark the logs, exit as a stopped run does
-            _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
-            for log in logs:
+                        log.runner.log.end(t, "nan")
+                        print(f"{dirs[m]}: the TD loss is not finite at step {t}; the member stopped there",
+                              file=sys.stderr)
+                    elif pop.last_losses is not None and t % loss_every == 0:
+                        log.scalar("loss", t, float(pop.last_losses[m]))
+        ongoing = [log for m, log in enumerate(logs) if not pop.diverged[m]]
+        if stop and pop.num_timesteps < steps:  # checkpoint the step just finished (nothing is lost), mark the
+            _checkpoint(path, pop, seen, logs, time.perf_counter() - start)  # logs, exit as a stopped run does
+            for log in ongoing:
                 log.runner.log.end(pop.num_timesteps, "interrupted")
             print(f"{path}: stopped by signal {stop[0]} at step {pop.num_timesteps} of {steps}, checkpointed; "
                   "--resume continues", file=sys.stderr)
             raise SystemExit(128 + stop[0])
-        for log in logs:
+        for log in ongoing:
             log.runner.log.end(steps, "finished")
     finally:
         for log in logs:
@@ -177,9 +187,10 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     path.unlink(missing_ok=True)  # finished: the logs and weights hold it
     summaries = []
     for m, (c, d) in enumerate(zip(configs, dirs)):
-        returns = [r for _, r, _ in pop.episodes[m]]
+        end = int(pop.diverged[m]) or steps
+        returns = [r for step, r, _ in pop.episodes[m] if step <= end]
         k = max(1, int(np.ceil(0.1 * len(returns)))) if returns else 0
-        summary = {"status": "finished", "steps": steps, "episodes": len(returns),
+        summary = {"status": "nan" if pop.diverged[m] else "finished", "steps": end, "episodes": len(returns),
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
