@@ -541,6 +541,11 @@ def _run_ray(work: Sequence[Task], stop: _Stop, record: Callable[[Outcome], None
         import ray
     except ImportError:
         raise ConfigError("the ray backend needs Ray: pip install -e '.[ray]'") from None
+    cuda = [t for t in work for r in (t.runs if isinstance(t, PopulationTask) else (t,))
+            if str(r.config.get("device", "cpu")).startswith("cuda")]
+    if cuda:  # its tasks ask for CPUs only, and Ray hides the GPUs from such tasks
+        raise ConfigError(f"the ray backend runs tasks on CPUs; {len(cuda)} of this grid's runs ask for device "
+                          "cuda: run them with --backend local, or set device: cpu")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     address = os.environ.get("RAY_ADDRESS") or None
     owned = not ray.is_initialized()

@@ -278,3 +278,13 @@ def test_a_failing_population_fails_every_member(tmp_path):
     assert all("no batched version of 'CartPole-v1'" in o.detail for o in report.outcomes)
     for r in runs:
         assert "Traceback" in (r.run_dir / "ERROR.txt").read_text() and not (r.run_dir / "DONE.json").exists()
+
+
+def test_the_ray_backend_refuses_cuda_runs(tmp_path):
+    """Ray tasks ask for CPUs only (Ray then hides the GPUs): a cuda run is refused before any cluster starts."""
+    from agents.commands import ConfigError
+    from agents.grid import GridRun, _run_ray
+
+    run = GridRun("dqn", {"device": "cuda"}, tmp_path / "r")
+    with pytest.raises(ConfigError, match="the ray backend runs tasks on CPUs; 1 of this grid.s runs ask for device"):
+        _run_ray([run], None, None)
