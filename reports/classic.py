@@ -15,7 +15,9 @@ Aggregates across tasks (Agarwal et al. 2021, computed by rliable): per activati
 return at the selected learning rate is normalised per task as ``(R - R_random) / (R_ref - R_random)``, with
 ``R_random`` the mean return of a uniform-random policy and ``R_ref`` the best mean final return among the authors'
 activations at their default buffer (constants and sources in ``reports/reference/classic_dqn.json``); 0 is random,
-1 the authors' best. IQM and mean over tasks x seeds come with stratified-bootstrap 95% CIs (``--reps``
+about 1 the authors' best (R_ref is their late return, episodes ending in the last 10% of steps, where R is ours over
+the last 10% of episodes; the two differ little on a converged curve). The learning rate is selected on the same
+seeds it is scored on, so the aggregates lean optimistic by the selection (the paper's procedure too). IQM and mean over tasks x seeds come with stratified-bootstrap 95% CIs (``--reps``
 resamples, numpy seeded with ``--seed``), and performance profiles (fraction of runs scoring above tau) per buffer.
 
 The comparison with the authors uses their per-episode training returns (``results/DQN_*.csv`` of qlan3/Elephant,
