@@ -272,7 +272,7 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     does; the other members train exactly as a population without it (members interact nowhere). FTA's network here,
     whose non-persistent buffer stays out of q_net.pt (a strict load into the member's QNetwork works); a stale
     checkpoint from an earlier population at the same path is not resumed by a fresh start."""
-    from agents.commands import get_command
+    from agents.commands import ConfigError, get_command
     from agents.population.run import _checkpoint_path, member_configs, train_population
     from probes import read_run
 
@@ -282,6 +282,8 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     path = _checkpoint_path(tmp_path / "both", member_configs(values, members))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="the population checkpoint is unreadable .*; delete it to start"):
+        train_population(values, members, tmp_path / "both", implementation="batched", resume=True)
     both = train_population(values, members, tmp_path / "both", implementation="batched")
     alone = train_population(values, members[:1], tmp_path / "alone", implementation="batched")
     assert not path.exists()

@@ -116,7 +116,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
     SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
     the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
-    diverged run does (``run_end`` "nan", summary status "nan"); the others go on."""
+    diverged run does (``run_end`` "nan", summary status "nan"); the others go on. An unreadable checkpoint is a
+    ConfigError naming it."""
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in ("seed", "learning_rate", "buffer_size", "derived")}
     for c in configs[1:]:
@@ -132,8 +133,12 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     if not resume:
         path.unlink(missing_ok=True)  # a fresh start: an older checkpoint must not be resumed against its logs later
     if resume and path.exists():
-        with open(path, "rb") as f:
-            state = pickle.load(f)
+        try:
+            with open(path, "rb") as f:
+                state = pickle.load(f)
+        except Exception as err:  # a truncated or foreign file: say which and what to do, not an unpickling trace
+            raise ConfigError(f"{path}: the population checkpoint is unreadable ({type(err).__name__}: {err}); "
+                              "delete it to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
               file=sys.stderr)
     pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
