@@ -66,6 +66,7 @@ from probes.plugins import PluginError, load_plugins
 from probes.runlog import RunLogWriteError
 
 from .commands import OUTPUT_KEYS, ConfigError, RunWriteError, commands, get_command, read_yaml
+from .population import MEMBER_KEYS
 from .runlock import run_lock
 from .signals import STOP_SIGNALS, handling
 
@@ -76,8 +77,6 @@ DONE = "DONE.json"
 ERROR = "ERROR.txt"
 #: config keys that do not change a run's results: a change in them does not make a finished run stale
 IGNORED_KEYS = OUTPUT_KEYS
-#: what the members of a population may differ in (dqn config keys)
-MEMBER_KEYS = ("seed", "learning_rate", "buffer_size")
 
 
 @dataclass(frozen=True)

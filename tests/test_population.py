@@ -297,6 +297,14 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     member_q_net(configs[0], 1).load_state_dict(a)  # strict: exactly the QNetwork's keys
 
 
+def test_member_keys_are_the_members_fields():
+    import dataclasses
+
+    from agents.population import MEMBER_KEYS
+
+    assert MEMBER_KEYS == tuple(f.name for f in dataclasses.fields(Member))
+
+
 def test_settings_the_engine_would_ignore_are_refused():
     for setting in ({"lr_schedule": "linear"}, {"normalize_obs": True}, {"eval_every": 500},
                     {"optimizer_kwargs": {"alpha": 0.999, "eps": 1e-8, "momentum": 0.9}}):

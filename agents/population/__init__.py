@@ -6,3 +6,7 @@
 * :mod:`agents.population.run`: a population written as one run folder per member, as `agents.train dqn` writes;
 * :mod:`agents.population.bench`: aggregate env steps/s against SB3's DQN, with the time split.
 """
+
+#: what population members may differ in (dqn config keys; the fields of :class:`agents.population.engine.Member`, in
+#: order); declared here so that the grid runner reads it without importing the engine
+MEMBER_KEYS = ("seed", "learning_rate", "buffer_size")

@@ -116,7 +116,8 @@ def _rmsprop(params: Sequence[Tensor], grads: Sequence[Tensor], square_avgs: Seq
 
 @dataclass(frozen=True)
 class Member:
-    """What differs between members: the seed, the learning rate and the replay buffer's size."""
+    """What differs between members: the seed, the learning rate and the replay buffer's size (the config keys of
+    :data:`agents.population.MEMBER_KEYS`, in order)."""
 
     seed: int
     learning_rate: float

@@ -36,6 +36,7 @@ from agents.rl.config import probe_arguments, resolve
 from probes import ProbeContext, ProbeRunner, make_probe
 from probes.sb3 import SCALARS
 
+from . import MEMBER_KEYS
 from .engine import Member, Population, member_q_net
 
 __all__ = ["member_configs", "train_population", "main"]
@@ -119,9 +120,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     diverged run does (``run_end`` "nan", summary status "nan"); the others go on. An unreadable checkpoint is a
     ConfigError naming it."""
     configs = member_configs(values, members)
-    shared = {k: v for k, v in configs[0].items() if k not in ("seed", "learning_rate", "buffer_size", "derived")}
+    shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
     for c in configs[1:]:
-        if {k: v for k, v in c.items() if k not in ("seed", "learning_rate", "buffer_size", "derived")} != shared:
+        if {k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} != shared:
             raise ConfigError("population members may differ in seed, learning rate and buffer size only")
     command = get_command("dqn")
     dirs = [command.run_dir(c, Path(out)) for c in configs]
