@@ -13,6 +13,7 @@ from .activation_spec import (
 )
 from .activations import FTA, LWTA, Elephant, Maxout, elephant
 from .closed_form import one_hidden_layer_ntk
+from .fisher import squared_grad_sum
 from .gradcov import gradient_covariance, per_sample_grads
 from .noisy import NoisyLinear, resample_noise, set_noise
 from .nets import count_parameters, match_width, mlp, nature_cnn, spread_bias_
@@ -74,6 +75,7 @@ __all__ = [
     "ntk",
     "one_hidden_layer_ntk",
     "per_sample_grads",
+    "squared_grad_sum",
     "register_activation",
     "register_rule",
     "resample_noise",

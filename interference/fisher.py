@@ -1,0 +1,141 @@
+"""Sums of squared per-sample gradients (the diagonal empirical Fisher) without holding per-sample gradients.
+
+``squared_grad_sum(model, loss_fn, batch)[name] = sum_n (d loss_n / d theta)^2``, shaped like the parameter. Divided
+by the batch size and with ``loss_n = -log p(y_n | x_n)`` it is the diagonal of the empirical Fisher information that
+EWC-style regularisers weight parameters with.
+
+Per-sample gradients of a 10k-unit layer for a batch of 125 take gigabytes; a ``Linear`` layer's need not exist: its
+per-sample weight gradient is the outer product ``b_n a_n^T`` of the gradient at its output and its input, so the sum
+of their squares is ``(b^2)^T (a^2)`` (one matrix product) and the bias's is ``sum_n b_n^2``. ``implementation="auto"``
+uses the NTK engine's proofs (:mod:`interference.plan`: the layer runs once, on rows that are the samples, its
+parameter is used nowhere else; every block is checked against single-sample runs) and its layer-wise rules
+(:mod:`interference.rules`): a 2-D ``Linear`` by the product above, any other rule's parameter from the rule's
+per-sample factor for that parameter alone (``Conv2d``: ``(n, c_out c_in kh kw)``), each checked on sample 0 against
+autograd. Everything else takes :func:`interference.per_sample_grads`, which materialises ``(n, P)`` for those
+parameters only. ``implementation="exact"`` takes that path for every parameter.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from .gradcov import LossFn, loss_outputs, per_sample_grads
+from .gram import (Batch, NotPerSample, _capture, _check_block, _check_first_row, _checked, _output_grads, _slice,
+                   plan_for, quiet_functorch)
+from .plan import Plan, close
+from .rules import Factor, rule_for
+
+__all__ = ["squared_grad_sum"]
+
+_IMPLEMENTATIONS = ("auto", "exact")
+
+
+def squared_grad_sum(model: nn.Module, loss_fn: LossFn, batch: Batch, *, params: Iterable[str] | None = None,
+                     implementation: str = "auto") -> dict[str, Tensor]:
+    """``{name: sum_n (d loss_fn(model, batch)[n] / d param)^2}``, each of the parameter's shape and dtype.
+
+    Args:
+        model: any module; samples must not interact (BatchNorm in training mode is refused).
+        loss_fn: ``loss_fn(model, batch) -> (n,)`` per-sample losses (no reduction).
+        batch: ``(n, ...)`` tensor or pytree of tensors with a shared leading dimension.
+        params: names to differentiate; default all with ``requires_grad``.
+        implementation: ``"auto"`` (proven layer-wise paths, see the module docstring; per-sample gradients only for
+            the rest) or ``"exact"`` (per-sample gradients of every parameter: memory ``n x P``).
+    """
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
+    fn = lambda b: loss_outputs(loss_fn, model, b)  # noqa: E731 - (n, 1): one output, the loss
+    with quiet_functorch():
+        plan = plan_for(fn, model, batch, params=params, implementation="auto" if implementation == "auto" else "loop")
+    out: dict[str, Tensor] = {}
+    exact = list(plan.selected) if implementation == "exact" else list(plan.exact)
+    if implementation == "auto" and plan.modules:
+        frozen = [p for p in plan.selected.values() if not p.requires_grad]
+        try:
+            for p in frozen:  # named in params although frozen: differentiate them for this call
+                p.requires_grad_(True)
+            with quiet_functorch():
+                out, refused = _layerwise(fn, batch, plan)
+        except NotPerSample as err:
+            warnings.warn(f"{err}: the model is not a per-sample function of its batch beyond the dry-run samples, so"
+                          " every parameter takes the per-sample gradient path", stacklevel=2)
+            out, exact = {}, list(plan.selected)
+        else:
+            exact += refused
+        finally:
+            for p in frozen:
+                p.requires_grad_(False)
+    if exact:
+        grads = per_sample_grads(model, loss_fn, batch, params=exact)
+        out.update({name: g.pow(2).sum(0) for name, g in grads.items()})
+    return {name: out[name] for name in plan.selected}
+
+
+def _squares(factors: list[Factor], rows: slice) -> Tensor:
+    """Flattened ``sum_n`` of the squared per-sample gradients the factors of one parameter stand for (samples
+    ``rows`` only)."""
+    parts = []
+    for f in factors:
+        if f.g is not None:  # (1, n, P)
+            parts.append(f.g[0, rows].pow(2).sum(0))
+            continue
+        b2 = f.b[0, rows].pow(2)  # (n, out)
+        if f.a is not None:
+            parts.append((b2.T @ f.a[rows].pow(2)).reshape(-1))  # (out, in): the weight's layout
+        if f.bias:
+            parts.append(b2.sum(0))
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[str]]:
+    """Squared-gradient sums of the parameters on rules, and the names whose rule result failed its sample-0 check
+    (or had the wrong size): they go to the per-sample path."""
+    with torch.enable_grad(), _capture(plan) as records:
+        out = fn(batch)
+    n = out.shape[0]
+    if any(len(r) != 1 or r[0][0].shape[0] != n for r in records.values()):
+        raise NotPerSample("layers ran a different number of times or on other shapes in the batch than in the dry"
+                           " runs")
+    used = list(records)
+    first = _check_block(fn, batch, out, plan, used, (0, 0))
+    grads = _output_grads(out, [records[m][0][1] for m in used])
+    _check_first_row(first, grads, out, plan.check_tolerance)
+    if any(records[m][0][0]._version != records[m][0][2] for m in used):
+        raise NotPerSample("a layer's input was modified in place after the layer ran")
+    names = {(id(p), local): name for name, p in plan.selected.items()
+             for mod in plan.modules for local in plan.modules[mod] if getattr(mod, local) is p}
+    sums: dict[str, Tensor] = {}
+    heads: dict[str, Tensor] = {}  # sample 0's squared gradient by the rule, for the check below
+    for mod, g in zip(used, grads):
+        inp = records[mod][0][0]
+        for local in sorted(plan.modules[mod]):
+            p = getattr(mod, local)
+            name = names[(id(p), local)]
+            if g is None:  # the layer does not reach the loss
+                sums[name] = torch.zeros_like(p)
+                heads[name] = torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                continue
+            with torch.no_grad():
+                factors = _checked(mod, rule_for(mod).fn(mod, inp, g, frozenset({local})), 1, n)
+                total = _squares(factors, slice(None))
+                if total.numel() == p.numel():
+                    sums[name] = total.reshape(p.shape).to(p.dtype)
+                    heads[name] = _squares(factors, slice(0, 1))
+    refused = [name for name in plan.selected if name in names.values() and name not in sums]
+    # sample 0 alone through autograd: the rule's flattening must be the parameter's layout
+    with torch.enable_grad():
+        loss0 = fn(_slice(batch, 0, 1))[0, 0]
+        checked = [name for name in sums if heads[name].numel()]
+        ref = torch.autograd.grad(loss0, [plan.selected[k] for k in checked], allow_unused=True)
+    for name, r in zip(checked, ref):
+        r2 = torch.zeros_like(heads[name]) if r is None else r.detach().reshape(-1).pow(2)
+        if not close(heads[name].to(r2.dtype), r2, plan.check_tolerance, float(r2.abs().max()) if r2.numel() else 0.0):
+            warnings.warn(f"the layer-wise squared gradient of {name} differs from autograd on sample 0; it takes the"
+                          " per-sample gradient path", stacklevel=3)
+            del sums[name]
+            refused.append(name)
+    return sums, refused
