@@ -1,0 +1,1 @@
+"""Class-incremental learning (the paper's appendix "Class Incremental Learning"): data, learners, commands."""
