@@ -67,6 +67,7 @@ _MODULES = {
     "rainbow": "agents.rl.commands",
     "ppo": "agents.rl.commands",
     "sac": "agents.rl.commands",
+    "class-inc": "agents.classinc.commands",
 }
 
 
