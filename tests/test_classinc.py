@@ -206,3 +206,11 @@ def test_command_errors(tmp_path: Path, args: list[str], message: str) -> None:
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name", ["class_inc_digits.yml", "class_inc_fashion.yml"])
+def test_shipped_grids_validate(tmp_path: Path, name: str) -> None:
+    """Every entry of the shipped sweeps passes the command's checks and gets a run folder of its own."""
+    from agents.grid import load_grid, plan
+    runs = plan(load_grid(ROOT / "agents" / "grids" / name), tmp_path)
+    assert len({str(r.run_dir) for r in runs}) == len(runs) > 0
