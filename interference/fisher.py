@@ -10,8 +10,9 @@ of their squares is ``(b^2)^T (a^2)`` (one matrix product) and the bias's is ``s
 uses the NTK engine's proofs (:mod:`interference.plan`: the layer runs once, on rows that are the samples, its
 parameter is used nowhere else; every block is checked against single-sample runs) and its layer-wise rules
 (:mod:`interference.rules`): a 2-D ``Linear`` by the product above, any other rule's parameter from the rule's
-per-sample factor for that parameter alone (``Conv2d``: ``(n, c_out c_in kh kw)``), each checked on sample 0 against
-autograd. Everything else takes :func:`interference.per_sample_grads`, which materialises ``(n, P)`` for those
+per-sample factor for that parameter alone (``Conv2d``: ``(n, c_out c_in kh kw)``); each parameter's factors are
+checked against autograd through ``sum_n w_n g_n`` for random weights ``w`` (one backward), which catches a rule
+whose factors do not follow the parameter's layout. Everything else takes :func:`interference.per_sample_grads`, which materialises ``(n, P)`` for those
 parameters only. ``implementation="exact"`` takes that path for every parameter.
 """
 
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .gradcov import LossFn, loss_outputs, per_sample_grads
-from .gram import (Batch, NotPerSample, _capture, _check_block, _check_first_row, _checked, _output_grads, _slice,
+from .gram import (Batch, NotPerSample, _capture, _check_block, _check_first_row, _checked, _output_grads,
                    plan_for, quiet_functorch)
 from .plan import Plan, close
 from .rules import Factor, rule_for
@@ -40,7 +41,9 @@ def squared_grad_sum(model: nn.Module, loss_fn: LossFn, batch: Batch, *, params:
 
     Args:
         model: any module; samples must not interact (BatchNorm in training mode is refused).
-        loss_fn: ``loss_fn(model, batch) -> (n,)`` per-sample losses (no reduction).
+        loss_fn: ``loss_fn(model, batch) -> (n,)`` per-sample losses (no reduction); ``loss_n`` must depend on sample
+            ``n`` alone (each is differentiated as if the sample were alone: a loss divided by the batch size gives
+            the sums of the undivided losses' squared gradients).
         batch: ``(n, ...)`` tensor or pytree of tensors with a shared leading dimension.
         params: names to differentiate; default all with ``requires_grad``.
         implementation: ``"auto"`` (proven layer-wise paths, see the module docstring; per-sample gradients only for
@@ -91,6 +94,21 @@ def _squares(factors: list[Factor], rows: slice) -> Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
+def _weighted(factors: list[Factor], w: Tensor) -> Tensor:
+    """Flattened ``sum_n w_n g_n`` of the per-sample gradients the factors of one parameter stand for."""
+    parts = []
+    for f in factors:
+        if f.g is not None:
+            parts.append(w.to(f.g.dtype) @ f.g[0])
+            continue
+        wb = f.b[0] * w.to(f.b.dtype)[:, None]  # (n, out)
+        if f.a is not None:
+            parts.append((wb.T @ f.a).reshape(-1))
+        if f.bias:
+            parts.append(wb.sum(0))
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
 def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[str]]:
     """Squared-gradient sums of the parameters on rules, and the names whose rule result failed its sample-0 check
     (or had the wrong size): they go to the per-sample path."""
@@ -109,33 +127,35 @@ def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[st
     names = {(id(p), local): name for name, p in plan.selected.items()
              for mod in plan.modules for local in plan.modules[mod] if getattr(mod, local) is p}
     sums: dict[str, Tensor] = {}
-    heads: dict[str, Tensor] = {}  # sample 0's squared gradient by the rule, for the check below
+    weighted: dict[str, Tensor | None] = {}  # sum_n w_n g_n by the rule, for the check below
+    w = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(out.device) + 0.5
     for mod, g in zip(used, grads):
         inp = records[mod][0][0]
         for local in sorted(plan.modules[mod]):
             p = getattr(mod, local)
             name = names[(id(p), local)]
             if g is None:  # the layer does not reach the loss
-                sums[name] = torch.zeros_like(p)
-                heads[name] = torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                sums[name], weighted[name] = torch.zeros_like(p), None
                 continue
             with torch.no_grad():
                 factors = _checked(mod, rule_for(mod).fn(mod, inp, g, frozenset({local})), 1, n)
                 total = _squares(factors, slice(None))
                 if total.numel() == p.numel():
                     sums[name] = total.reshape(p.shape).to(p.dtype)
-                    heads[name] = _squares(factors, slice(0, 1))
+                    weighted[name] = _weighted(factors, w)
     refused = [name for name in plan.selected if name in names.values() and name not in sums]
     # sample 0 alone through autograd: the rule's flattening must be the parameter's layout
-    with torch.enable_grad():
-        loss0 = fn(_slice(batch, 0, 1))[0, 0]
-        checked = [name for name in sums if heads[name].numel()]
-        ref = torch.autograd.grad(loss0, [plan.selected[k] for k in checked], allow_unused=True)
+    checked = [name for name in sums if weighted[name] is not None]
+    if not checked:
+        return sums, refused
+    with torch.enable_grad():  # the rule's per-sample layout, all samples at once: sum_n w_n g_n against autograd
+        ref = torch.autograd.grad(fn(batch)[:, 0] @ w.to(out.dtype), [plan.selected[k] for k in checked],
+                                  allow_unused=True)
     for name, r in zip(checked, ref):
-        r2 = torch.zeros_like(heads[name]) if r is None else r.detach().reshape(-1).pow(2)
-        if not close(heads[name].to(r2.dtype), r2, plan.check_tolerance, float(r2.abs().max()) if r2.numel() else 0.0):
-            warnings.warn(f"the layer-wise squared gradient of {name} differs from autograd on sample 0; it takes the"
-                          " per-sample gradient path", stacklevel=3)
+        r = torch.zeros_like(weighted[name]) if r is None else r.detach().reshape(-1)
+        if not close(weighted[name].to(r.dtype), r, plan.check_tolerance, float(r.abs().max()) if r.numel() else 0.0):
+            warnings.warn(f"the layer-wise gradients of {name} differ from autograd (a rule whose factors do not follow"
+                          " the parameter's layout); it takes the per-sample gradient path", stacklevel=3)
             del sums[name]
             refused.append(name)
     return sums, refused

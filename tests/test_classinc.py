@@ -45,14 +45,13 @@ def slow_ewc_run(cfg: ClassIncConfig, data: Dataset, seed: int) -> list[torch.Te
     with explicit loops, RMSprop by torch (the optimiser is not what is tested)."""
     from agents.classinc.data import stream_indices, task_classes
     tasks = task_classes(data.n_classes, cfg.classes_per_task, order=cfg.class_order, seed=seed)
-    stream = np.concatenate(stream_indices(data.y_train, tasks, seed))
+    per_task = stream_indices(data.y_train, tasks, seed)
     model = build_model(cfg, data.input_shape, data.n_classes, seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.RMSprop(params, lr=cfg.lr, alpha=0.999, eps=1e-8)
     fisher = [torch.zeros_like(p) for p in params]
     anchor = [p.detach().clone() for p in params]
-    for start in range(0, len(stream), cfg.batch_size):
-        idx = stream[start:start + cfg.batch_size]
+    for idx in [ix[i:i + cfg.batch_size] for ix in per_task for i in range(0, len(ix), cfg.batch_size)]:
         x, y = torch.as_tensor(data.x_train[idx]), torch.as_tensor(data.y_train[idx])
         fisher_t = [torch.zeros_like(p) for p in params]
         for i in range(len(idx)):
@@ -200,6 +199,8 @@ def test_command_split_digits(tmp_path: Path) -> None:
     (["--ewc-gamma", "2"], "ewc_gamma"),
     (["--probe", "nope"], "unknown probe"),
     (["--data", "embed", "--data-root", "/nonexistent.npz"], "nonexistent"),
+    (["--act", "relu", "--a", "0.1"], "would be ignored"),
+    (["--ewc-lambda", "10", "--ewc-gamma", "1.5"], "ewc_gamma must be"),
 ])
 def test_command_errors(tmp_path: Path, args: list[str], message: str) -> None:
     r = _train("--out", str(tmp_path), *args, cwd=tmp_path)
@@ -214,3 +215,12 @@ def test_shipped_grids_validate(tmp_path: Path, name: str) -> None:
     from agents.grid import load_grid, plan
     runs = plan(load_grid(ROOT / "agents" / "grids" / name), tmp_path)
     assert len({str(r.run_dir) for r in runs}) == len(runs) > 0
+
+
+def test_diverged_run_is_a_failure(tmp_path: Path) -> None:
+    r = _train("--out", str(tmp_path), "--width", "16", "--lr", "1e30", "--probe", "", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "diverged" in r.stderr and json.loads(r.stdout)["status"] == "nan"
+    (path,) = tmp_path.glob("class-inc/split-digits/mlp-relu/*/*/seed0/run.h5")
+    steps, values = read_run(path).scalars["run_end"]
+    assert values[0] == 2 and steps[0] > 0  # RUN_END.index("nan"), at the step it diverged

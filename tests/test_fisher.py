@@ -116,3 +116,32 @@ def test_params_and_bad_input() -> None:
         interference.squared_grad_sum(model, _nll, batch, implementation="fast")
     with pytest.raises(ValueError, match="one loss per sample"):
         interference.squared_grad_sum(model.float(), lambda m, b: _nll(m, b).mean(), batch)
+
+
+class Scale(nn.Module):
+    """y = x * s with a rule (registered below) whose factor reverses the parameter's layout."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.linspace(0.5, 1.5, n))
+
+    def forward(self, x):
+        return x * self.s
+
+
+def _reversed_rule(mod, inp, gout, use):
+    return [interference.Factor.dense((gout * inp).flip(-1))]
+
+
+def test_a_rule_with_the_wrong_layout_is_caught() -> None:
+    """Gram matrices cannot see a permuted layout; squared_grad_sum checks sum_n w_n g_n against autograd and hands
+    the parameter to the per-sample path."""
+    interference.register_rule(Scale, _reversed_rule, params=("s",), replace=True)
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 5), Scale(5), nn.Tanh(), nn.Linear(5, 3, bias=False))
+    batch = (torch.randn(7, 6), torch.randint(0, 3, (7,)))
+    with pytest.warns(UserWarning, match="layout"):
+        got = interference.squared_grad_sum(model, _nll, batch)
+    want = reference(model, batch)
+    for k in want:
+        torch.testing.assert_close(got[k].double(), want[k], rtol=2e-4, atol=1e-9)

@@ -12,6 +12,7 @@ from stored training samples: the learner itself keeps no buffer.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -75,12 +76,15 @@ def _check(cfg: ClassIncConfig) -> None:
             raise ConfigError(f"{name} must be a positive integer, got {v!r}")
     if isinstance(cfg.eval_samples, bool) or not isinstance(cfg.eval_samples, int) or cfg.eval_samples < 0:
         raise ConfigError(f"eval_samples must be >= 0 (0: the whole test split), got {cfg.eval_samples!r}")
-    if cfg.sigma_bias is not None and not (math.isfinite(cfg.sigma_bias) and cfg.sigma_bias >= 0):
-        raise ConfigError(f"sigma_bias must be >= 0, got {cfg.sigma_bias!r}")
-    if not (math.isfinite(cfg.ewc_lambda) and cfg.ewc_lambda >= 0):
-        raise ConfigError(f"ewc_lambda must be >= 0 (0: no Streaming EWC), got {cfg.ewc_lambda!r}")
-    if not 0 <= cfg.ewc_gamma <= 1:
-        raise ConfigError(f"ewc_gamma must be in [0, 1], got {cfg.ewc_gamma!r}")
+    for name, least, most in (("sigma_bias", 0.0, math.inf), ("ewc_lambda", 0.0, math.inf), ("ewc_gamma", 0.0, 1.0)):
+        v = getattr(cfg, name)
+        if v is None and name == "sigma_bias":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not least <= v <= most or math.isnan(v):
+            raise ConfigError(f"{name} must be a number in [{least:g}, {most:g}], got {v!r} (YAML reads 1e4 as a "
+                              "string: write 1.0e+4 or 10000)")
+    if cfg.layer_norm is not None and not isinstance(cfg.layer_norm, bool):
+        raise ConfigError(f"layer_norm must be true, false or unset, got {cfg.layer_norm!r}")
     if cfg.class_order not in ("fixed", "random"):
         raise ConfigError(f"class_order must be fixed or random, got {cfg.class_order!r}")
     if cfg.data not in DATASETS:
@@ -167,6 +171,16 @@ class ClassInc:
         extra = set(values) - known - {"seed", "probe", "device"}
         if extra:
             raise ConfigError(f"class-inc does not take {', '.join(sorted(extra))}")
+        given = {k for k, v in values.items() if v is not None}
+        act = values.get("act") or defaults(data)["act"]
+        ignored = [k for k in ("d", "a", "h") if k in given and act in activation_names()
+                   and k not in activation_spec(act).arguments]
+        ignored += [k for k in ("conv_channels",) if k in given and (values.get("model") or "mlp") != "cnn"]
+        ignored += [k for k in ("ewc_gamma",) if k in given and not values.get("ewc_lambda")]
+        if ignored:
+            raise ConfigError(f"{', '.join(ignored)} would be ignored here ({act} takes "
+                              f"{', '.join(activation_spec(act).arguments) or 'no arguments'}; conv_channels is for "
+                              "--model cnn; ewc_gamma needs --ewc-lambda > 0)")
         merged = {**defaults(data), **{k: v for k, v in values.items() if k in known and v is not None}}
         cfg = ClassIncConfig(**{k: v for k, v in merged.items() if k != "seeds"})
         cfg.seeds = _seeds(values.get("seeds", values.get("seed", (0,))))
@@ -186,7 +200,11 @@ class ClassInc:
         return {"command": self.name, **asdict(cfg), "seeds": list(cfg.seeds), "probe": probes, "device": device}
 
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
-        return (Path(out) / self.name / config["data"] / method_name(config)
+        data = config["data"]
+        if config["data_root"] is not None:  # files read from disk: one folder per location
+            where = str(Path(config["data_root"]).expanduser().resolve())
+            data += "-" + hashlib.sha1(where.encode()).hexdigest()[:8]
+        return (Path(out) / self.name / data / method_name(config)
                 / f"w{config['width']}-bs{config['batch_size']}" / _tag(config))
 
     def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -199,14 +217,22 @@ class ClassInc:
         if data.n_classes % cfg.classes_per_task:
             raise ConfigError(f"{cfg.data} has {data.n_classes} classes, not a multiple of classes_per_task "
                               f"{cfg.classes_per_task}")
+        try:
+            build_model(cfg, data.input_shape, data.n_classes, 0)
+        except ValueError as err:
+            raise ConfigError(f"--model {cfg.model} on {cfg.data} (samples of shape {data.input_shape}): {err}") \
+                from None
         final = {}
         for seed in cfg.seeds:
             final[str(seed)] = run_seed(cfg, data, seed, config, run_dir / f"seed{seed}" / "run.h5")
             print(f"class-inc {method_name(config)} seed {seed}: final accuracy {final[str(seed)]:.4f}",
                   file=sys.stderr, flush=True)
         acc = np.array(list(final.values()))
-        summary = {"final_acc": final, "mean_final_acc": float(acc.mean()),
-                   "sem_final_acc": float(acc.std(ddof=1) / math.sqrt(len(acc))) if len(acc) > 1 else float("nan")}
+        ok = np.isfinite(acc).all()
+        summary = {"final_acc": {k: v if math.isfinite(v) else None for k, v in final.items()},
+                   "mean_final_acc": float(acc.mean()) if ok else None,
+                   "sem_final_acc": float(acc.std(ddof=1) / math.sqrt(len(acc))) if ok and len(acc) > 1 else None,
+                   "status": "finished" if ok else "nan"}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
@@ -230,7 +256,8 @@ def run_seed(cfg: ClassIncConfig, data: Dataset, seed: int, config: Mapping[str,
 
     def sample(k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``k`` test samples of the classes seen so far (the probes' source; the learner never sees them)."""
-        idx = probe_rng.choice(np.flatnonzero(seen_mask(data.y_test, tasks, seen_task[0])), k, replace=False)
+        pool = np.flatnonzero(seen_mask(data.y_test, tasks, seen_task[0]))
+        idx = probe_rng.choice(pool, k, replace=len(pool) < k)  # a tiny test split: some samples twice
         return torch.as_tensor(data.x_test[idx], device=device), torch.as_tensor(data.y_test[idx], device=device)
 
     probes = [make_probe(n, every=None, at=ends) for n in config["probe"]]
@@ -244,9 +271,9 @@ def run_seed(cfg: ClassIncConfig, data: Dataset, seed: int, config: Mapping[str,
     def on_batch(p: Progress, model: torch.nn.Module) -> None:
         seen_task[0] = p.task
         runner.scalar("train_loss", p.samples, p.loss)
-        if p.batch % cfg.eval_every == 0 or p.ended:
+        if p.batch % cfg.eval_every == 0 or p.task_end:
             runner.scalar("test_acc", p.samples, seen_accuracy(model, data, tasks, p.task, subset, device))
-        if p.ended:  # a row of the accuracy matrix (once per batch, however many tasks ended in it)
+        if p.task_end:  # a row of the accuracy matrix
             for j, acc in enumerate(task_accuracies(model, data, tasks, device)):
                 runner.scalar(f"task_acc_{j}", p.samples, acc)
             ctx.step, ctx.model = p.samples, model
@@ -254,18 +281,20 @@ def run_seed(cfg: ClassIncConfig, data: Dataset, seed: int, config: Mapping[str,
         if not math.isfinite(p.loss):
             raise FloatingPointError(f"the training loss is {p.loss} after {p.samples} samples")
 
-    status, steps = "finished", 0
+    status, last = None, [0]
     try:
-        model = train_class_inc(cfg, data, seed, on_batch, device)
-        steps = ends[-1]
+        model = train_class_inc(cfg, data, seed, lambda p, m: (last.__setitem__(0, p.samples), on_batch(p, m)), device)
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise FloatingPointError(f"the parameters are not finite after {last[0]} samples")
         acc = seen_accuracy(model, data, tasks, len(tasks) - 1, None, device)
-        runner.scalar("final_acc", steps, acc)
+        runner.scalar("final_acc", ends[-1], acc)
+        status = "finished"
     except FloatingPointError as err:
         print(f"class-inc seed {seed}: {err}; the run ends as diverged", file=sys.stderr)
         status, acc = "nan", float("nan")
     finally:
-        if status != "finished" or steps:
-            runner.log.end(steps, status)
+        if status is not None:
+            runner.log.end(last[0], status)
         runner.close()
     return acc
 

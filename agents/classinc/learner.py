@@ -2,8 +2,10 @@
 
 The rules: each training sample is used in exactly one mini-batch (``E`` optimisation steps on it, then never again),
 the learner is told no task boundary, uses no pre-training and keeps no buffer of old samples or gradients. The
-stream is the tasks' training samples in task order (each task's samples shuffled by the seed), cut into mini-batches
-of ``batch_size`` regardless of where a task ends; the last mini-batch may be smaller.
+stream is the tasks' training samples in task order (each task's samples shuffled by the seed), each task's part cut
+into mini-batches of ``batch_size``; a task's last mini-batch may be smaller, so that no mini-batch mixes two tasks
+and the evaluation at a task's end sees the model after exactly that task's samples. Nothing in the learner reads
+the batch size or the task.
 
 Models (the authors' shapes): ``mlp`` is ``Flatten -> Linear(in, width) [-> LayerNorm] -> act -> Linear(width,
 classes, no bias)``; ``cnn`` puts ``Conv2d(C, 64, 3x3, same padding) -> ReLU -> MaxPool 2x2`` before that MLP. With
@@ -145,14 +147,14 @@ class StreamingEWC:
 @dataclass
 class Progress:
     """What the learner reports after a mini-batch (``on_batch``): ``batch`` (1-based count), ``samples`` seen,
-    ``task`` (index of the task of the batch's last sample; the learner itself never reads it), ``ended`` (the
-    tasks whose last sample is in this batch), ``indices`` (the training samples of this batch), ``steps`` (updates
+    ``task`` (index of the batch's task; the learner itself never reads it), ``task_end`` (the batch holds the
+    task's last samples), ``indices`` (the training samples of this batch), ``steps`` (updates
     made on it), ``loss`` (mean cross-entropy at its first update)."""
 
     batch: int
     samples: int
     task: int
-    ended: tuple[int, ...]
+    task_end: bool
     indices: np.ndarray
     steps: int
     loss: float
@@ -170,14 +172,12 @@ def train_class_inc(cfg: ClassIncConfig, data: Dataset, seed: int, on_batch: Cal
     """
     tasks = task_classes(data.n_classes, cfg.classes_per_task, order=cfg.class_order, seed=seed)
     per_task = stream_indices(data.y_train, tasks, seed)
-    stream = np.concatenate(per_task)
-    task_of = np.concatenate([np.full(len(ix), k) for k, ix in enumerate(per_task)])
-    ends = np.cumsum([len(ix) for ix in per_task])
+    batches = [(k, ix[i:i + cfg.batch_size]) for k, ix in enumerate(per_task) for i in range(0, len(ix), cfg.batch_size)]
     model = build_model(cfg, data.input_shape, data.n_classes, seed).to(device)
     opt = torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=0.999, eps=1e-8)
     ewc = StreamingEWC(model, cfg.ewc_lambda, cfg.ewc_gamma) if cfg.ewc_lambda > 0 else None
-    for b, start in enumerate(range(0, len(stream), cfg.batch_size), 1):
-        idx = stream[start:start + cfg.batch_size]
+    samples = 0
+    for b, (task, idx) in enumerate(batches, 1):
         batch = (_tensor(data.x_train, idx, device), _tensor(data.y_train, idx, device))
         if ewc is not None:
             ewc.before_updates(model, batch)
@@ -190,9 +190,9 @@ def train_class_inc(cfg: ClassIncConfig, data: Dataset, seed: int, on_batch: Cal
             opt.step()
         if ewc is not None:
             ewc.after_updates()
-        stop = start + len(idx)
-        ended = tuple(int(k) for k in np.flatnonzero((ends > start) & (ends <= stop)))
-        on_batch(Progress(b, stop, int(task_of[stop - 1]), ended, idx, cfg.updates, first), model)
+        samples += len(idx)
+        task_end = b == len(batches) or batches[b][0] != task
+        on_batch(Progress(b, samples, task, task_end, idx, cfg.updates, first), model)
     return model
 
 

@@ -38,7 +38,7 @@ PAPER_DATASET = {"split-mnist": "split-mnist", "split-digits": "split-mnist", "s
                  "split-cifar10": "split-cifar10"}
 #: config keys that are not part of a setting: the seed, what only says where or how the run was written, and the
 #: task list (drawn by the seed when ``class_order`` is random)
-NOT_SETTING = ("seed", "seeds", "device", "probe", "probe_at", "data_root", "command", "tasks")
+NOT_SETTING = ("seed", "seeds", "device", "probe", "probe_at", "command", "tasks")
 #: the hyper-parameters the tables show in their own columns (config key, column name)
 HYPER_COLUMNS = (("lr", "lr"), ("updates", "E"), ("a", "a"), ("sigma_bias", "sigma_bias"),
                  ("layer_norm", "layer_norm"), ("ewc_lambda", "EWC lambda"), ("ewc_gamma", "EWC gamma"))
