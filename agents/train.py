@@ -25,6 +25,14 @@ EXIT_IO = 4
 __all__ = ["main", "build_parser", "EXIT_BUSY", "EXIT_IO"]
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default where it has one; a ``None`` default means "from the hyper-parameter files", which the
+    flag's own help says."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The CLI parser; only the ``selected`` command's module is imported (the others list their name)."""
     parser = argparse.ArgumentParser(prog="python -m agents.train", description=__doc__)
@@ -38,7 +46,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
             continue
         cmd = get_command(name)
         p = sub.add_parser(name, help=cmd.help, description=cmd.help,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=_HelpFormatter)
         p.add_argument("--out", type=Path, default=Path("runs"), help="root folder of run directories")
         if getattr(cmd, "resumable", False):
             p.add_argument("--resume", action="store_true",
