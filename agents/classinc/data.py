@@ -339,7 +339,8 @@ def task_classes(n_classes: int, classes_per_task: int = 2, *, order: str = "fix
     """The classes of each task, in stream order.
 
     ``order="fixed"``: (0, 1), (2, 3), ...; ``order="random"``: a permutation of 0..n_classes-1 drawn with
-    ``np.random.default_rng(seed)``, cut into consecutive chunks of ``classes_per_task`` (kept in drawn order).
+    ``np.random.default_rng([seed, 2])`` (a stream of its own, apart from :func:`stream_indices`' shuffles), cut
+    into consecutive chunks of ``classes_per_task`` (kept in drawn order).
     """
     if n_classes < 1 or classes_per_task < 1:
         raise DataError(f"n_classes ({n_classes}) and classes_per_task ({classes_per_task}) must be positive")
@@ -349,7 +350,7 @@ def task_classes(n_classes: int, classes_per_task: int = 2, *, order: str = "fix
     if order == "fixed":
         classes = np.arange(n_classes)
     elif order == "random":
-        classes = np.random.default_rng(seed).permutation(n_classes)
+        classes = np.random.default_rng([seed, 2]).permutation(n_classes)
     else:
         raise DataError(f"unknown class order {order!r}; choose from fixed, random")
     return [tuple(int(c) for c in classes[i: i + classes_per_task]) for i in range(0, n_classes, classes_per_task)]
