@@ -97,8 +97,9 @@ def test_run_directories():
     out = Path("OUT")
     c = cmd.make_config({"env": "MountainCar-v0", "act": "elephant", "seed": 3})
     assert cmd.run_dir(c, out) == out / "dqn" / "MountainCar-v0" / "elephant" / "seed3"
-    c = cmd.make_config({"env": "MountainCar-v0", "act": "relu", "lr": 3e-4, "buffer_size": 32, "probe": "gradcov"})
-    assert cmd.run_dir(c, out) == out / "dqn" / "MountainCar-v0" / "relu" / "buffer_size=32,learning_rate=0.0003" / "seed0"
+    c = cmd.make_config({"env": "MountainCar-v0", "act": "relu", "lr": 1e-3, "buffer_size": 32, "probe": "gradcov"})
+    assert cmd.run_dir(c, out) == out / "dqn" / "MountainCar-v0" / "relu" / "buffer_size=32,learning_rate=0.001" / "seed0"
+    assert c["learning_rate"] == 1e-3 and cmd.make_config({"env": "MountainCar-v0"})["learning_rate"] == 3e-4
     c = cmd.make_config({"env": "ALE/Amidar-v5", "act": "elephant", "a": 0.2})
     assert cmd.run_dir(c, out) == out / "dqn" / "ALE-Amidar-v5" / "elephant" / "a=0.2" / "seed0"
 
