@@ -186,7 +186,7 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     root = Path(__file__).resolve().parents[1]
     settings = ["max_episode_steps=200", "probe=[gradcov,sparsity]", "probe_every=500"]
     proc = subprocess.run([sys.executable, "-m", "agents.population.run", "--env", "MountainCar-v0", "--act", "relu",
-                           "--seeds", "0-1", "--buffers", "32,10000", "--steps", "1500",
+                           "--seeds", "0-1", "--lrs", "1e-3", "--buffers", "32,10000", "--steps", "1500",
                            *(a for x in settings for a in ("--set", x)), "--out", str(tmp_path)], cwd=root,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
