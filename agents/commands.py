@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "get_command", "read_yaml", "register_command"]
+__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "get_command", "parse_seeds", "read_yaml",
+           "register_command"]
 
 
 class ConfigError(ValueError):
@@ -29,6 +30,22 @@ OUTPUT_KEYS = ("progress", "torch_threads", "checkpoint_every", "sb3_log")
 
 class RunWriteError(OSError):
     """A run cannot write its files (full disk, I/O error, file size limit): it stops (exit status 4)."""
+
+
+def parse_seeds(value: Any) -> tuple[int, ...]:
+    """Seeds from a flag or config value (``3``, ``"0,1,2"`` or a list): distinct non-negative integers, else a
+    :class:`ConfigError` naming the value."""
+    if isinstance(value, int):
+        value = [value]
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    try:
+        seeds = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"seeds must be integers, e.g. 0,1,2; got {value!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ConfigError(f"seeds must be distinct non-negative integers, got {value!r}")
+    return seeds
 
 
 def read_yaml(path: str | Path, what: str) -> Any:

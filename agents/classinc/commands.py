@@ -27,7 +27,7 @@ import torch
 from interference.activation_spec import activation_names, activation_spec
 from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 
-from ..commands import ConfigError, read_yaml
+from ..commands import ConfigError, parse_seeds, read_yaml
 from .data import DATASETS, DataError, Dataset, load_dataset, seen_mask, stream_indices, task_classes
 from .learner import MODELS, ClassIncConfig, Progress, build_model, nll, seen_accuracy, task_accuracies, \
     train_class_inc
@@ -45,20 +45,6 @@ def defaults(data: str) -> dict[str, Any]:
     if data not in table:
         raise ConfigError(f"unknown dataset {data!r}; choose from {', '.join(DATASETS)}")
     return {**table["default"], **(table[data] or {})}
-
-
-def _seeds(value: Any) -> tuple[int, ...]:
-    if isinstance(value, int):
-        value = [value]
-    if isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
-    try:
-        seeds = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"seeds must be integers, e.g. 0,1,2; got {value!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ConfigError(f"seeds must be distinct non-negative integers, got {value!r}")
-    return seeds
 
 
 def _check(cfg: ClassIncConfig) -> None:
@@ -183,7 +169,7 @@ class ClassInc:
                               "--model cnn; ewc_gamma needs --ewc-lambda > 0)")
         merged = {**defaults(data), **{k: v for k, v in values.items() if k in known and v is not None}}
         cfg = ClassIncConfig(**{k: v for k, v in merged.items() if k != "seeds"})
-        cfg.seeds = _seeds(values.get("seeds", values.get("seed", (0,))))
+        cfg.seeds = parse_seeds(values.get("seeds", values.get("seed", (0,))))
         _check(cfg)
         try:
             build_model(cfg, (1, 8, 8) if cfg.model == "cnn" else (4,), 2, 0)  # the activation's width rules

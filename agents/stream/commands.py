@@ -22,27 +22,13 @@ from interference.activation_spec import activation_names
 from interference.gradcov import LossFn
 from probes import PROBES, Field, ProbeContext, ProbeRunner, RunLog, make_probe
 
-from ..commands import ConfigError
+from ..commands import ConfigError, parse_seeds
 from .edit import EditConfig, edit
 from .learner import Ensemble, StreamConfig, build_net, train_stream
 
 __all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes"]
 
 N_PROBE_INPUTS = 201
-
-
-def _seeds(value: Any) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,)
-    if isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
-    try:
-        seeds = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"seeds must be integers, e.g. 0,1,2; got {value!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ConfigError(f"seeds must be distinct non-negative integers, got {value!r}")
-    return seeds
 
 
 def _steps(value: Any) -> tuple[int, ...]:
@@ -57,7 +43,7 @@ def _steps(value: Any) -> tuple[int, ...]:
 def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
     known = {f.name for f in fields(StreamConfig)}
     cfg = StreamConfig(**{k: v for k, v in values.items() if k in known and k != "seeds"})
-    cfg.seeds = _seeds(values.get("seeds", values.get("seed", (0,))))
+    cfg.seeds = parse_seeds(values.get("seeds", values.get("seed", (0,))))
     if cfg.act not in activation_names():
         raise ConfigError(f"unknown activation {cfg.act!r}; choose from {', '.join(activation_names())}")
     for name in ("lr", "d", "a", "h"):
