@@ -10,6 +10,8 @@ from torch.nn import functional as F
 import interference
 from interference import fisher, mlp
 
+import reference_models
+
 
 def _nll(model: nn.Module, batch) -> torch.Tensor:
     x, y = batch
@@ -118,15 +120,9 @@ def test_params_and_bad_input() -> None:
         interference.squared_grad_sum(model.float(), lambda m, b: _nll(m, b).mean(), batch)
 
 
-class Scale(nn.Module):
-    """y = x * s with a rule (registered below) whose factor reverses the parameter's layout."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.s = nn.Parameter(torch.linspace(0.5, 1.5, n))
-
-    def forward(self, x):
-        return x * self.s
+class Scale(reference_models.Scale):
+    """The reference ``Scale`` under its own type, for a rule (registered below) whose factor reverses the
+    parameter's layout."""
 
 
 def _reversed_rule(mod, inp, gout, use):
