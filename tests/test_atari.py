@@ -150,12 +150,13 @@ def test_evaluation_does_not_change_training(tmp_path):
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
-    """DQN and Rainbow, Elephant and ReLU, 1250 steps of Breakout each with the paper's gradient-covariance points
-    scaled to the run, evaluations every 625 steps (games cut at 2000 frames), a 1000-transition frame buffer."""
+    """DQN with Elephant and Rainbow with ReLU, 1250 steps of Breakout each with the paper's gradient-covariance
+    points scaled to the run, evaluations every 625 steps (games cut at 2000 frames), a 1000-transition frame
+    buffer."""
     out = tmp_path_factory.mktemp("atari")
     common = ["--env", "ALE/Breakout-v5", "--steps", "1250", "--buffer-size", "1000", "--scale-probe-at", "--set",
               "eval_every=625", "--set", "eval_episodes=1", "--set", "max_episode_steps=2000", "--threads", "1", "--out", str(out)]
-    cmds = [[algo, "--act", act, *common] for algo in ("dqn", "rainbow") for act in ("elephant", "relu")]
+    cmds = [[algo, "--act", act, *common] for algo, act in (("dqn", "elephant"), ("rainbow", "relu"))]
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(_train, cmds))
     for cmd, proc in zip(cmds, done):
@@ -166,7 +167,7 @@ def smoke(tmp_path_factory) -> Path:
 
 def test_atari_smoke_runs_log_gradcov_at_the_scaled_points_and_evaluations(smoke):
     logs = sorted(smoke.rglob("run.h5"))
-    assert len(logs) == 4
+    assert len(logs) == 2
     for path in logs:
         run = read_run(path)
         first, *rest = run.probes["gradcov"]["step"].tolist()  # (the first waits for 32 stored transitions)

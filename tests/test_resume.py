@@ -184,7 +184,13 @@ def batches(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("algo, scenario", [(a, s) for a, v in SCENARIOS.items() for s in v])
+#: the Atari scenarios (ALE state, frame buffer chunks) run in .ci/run's step of long tests (pytest -m long), apart
+#: from the default run's 10 minutes, as do the grid's and VecNormalize's scenarios below
+LONG = {"atari-dqn", "atari-rainbow"}
+
+
+@pytest.mark.parametrize("algo, scenario", [pytest.param(a, s, marks=[pytest.mark.long] if a in LONG else [])
+                                            for a, v in SCENARIOS.items() for s in v])
 def test_a_killed_run_resumes_to_the_uninterrupted_result(batches, algo, scenario):
     reference, results = batches(algo)
     result = results[scenario]
@@ -247,7 +253,8 @@ def test_an_env_checkpoints_cannot_hold_is_refused_with_the_way_out():
         check_picklable(Emulator(), "MyEnv-v0")
 
 
-def test_the_grid_resumes_killed_runs(tmp_path, batches):
+@pytest.mark.long
+def test_the_grid_resumes_killed_runs(tmp_path):
     """Both workers of a grid killed after their second checkpoint; ``--resume`` finishes both, and seed 0 equals
     the DQN reference run of the CLI (same config, same run folder name)."""
     grid = tmp_path / "grid.yml"
@@ -260,11 +267,13 @@ def test_the_grid_resumes_killed_runs(tmp_path, batches):
     assert _run([*args, "--dry-run"]).stdout.count("todo") == 2
     resumed = _run([*args, "--resume"])
     assert resumed.returncode == 0 and "2 finished" in resumed.stderr, resumed.stderr
-    reference, _ = batches("dqn")
+    assert _run(_cmd("dqn", tmp_path / "reference")).returncode == 0
+    reference = _run_dir(tmp_path / "reference")
     grid_run = tmp_path / "runs" / reference.relative_to(reference.parents[4])
     assert grid_run.name == "seed0" and differences(reference, grid_run) == []
 
 
+@pytest.mark.long
 def test_normalisation_statistics_resume_exactly(tmp_path):
     """SAC with observations normalised by running statistics (VecNormalize, the authors' MuJoCo set-up): the
     statistics travel in the checkpoint (with the env), so a killed and resumed run equals an uninterrupted one;

@@ -87,23 +87,29 @@ def test_edit_reaches_target_and_measures_far_change():
     assert np.all(res.steps > 0) and np.all(res.far_change >= 0) and np.all(res.pretrain_mse < 1e-3)
 
 
-def test_cli_bad_input_exits_2(tmp_path):
+def test_cli_bad_input_exits_2(tmp_path, capsys):
+    """Each refusal is exit status 2 with a message naming the problem (in process; one subprocess for the status)."""
+    from agents import grid, train
+
+    def main(module, *args: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            sys.exit(module.main(list(args)))
+        assert exit_.value.code == 2
+        return capsys.readouterr().err
+
     r = run_cli("-m", "agents.train", "stream-sin", "--act", "swish", "--out", str(tmp_path))
     assert r.returncode == 2 and "invalid choice: 'swish'" in r.stderr
-    r = run_cli("-m", "agents.train", "stream-sin", "--lr", "-0.1", "--out", str(tmp_path))
-    assert r.returncode == 2 and "learning rate must be a positive number" in r.stderr
-    r = run_cli("-m", "agents.train", "stream-sin", "--seeds", "0,x", "--out", str(tmp_path))
-    assert r.returncode == 2 and "seeds must be integers" in r.stderr
+    assert "learning rate must be a positive number" in main(train, "stream-sin", "--lr", "-0.1", "--out",
+                                                                str(tmp_path))
+    assert "seeds must be integers" in main(train, "stream-sin", "--seeds", "0,x", "--out", str(tmp_path))
     bad = tmp_path / "bad.yml"
     bad.write_text("command: stream-sin\ngrids: [{act: [elephant], lr: [0.001, -1]}]\n")
-    r = run_cli("-m", "agents.grid", str(bad), "--out", str(tmp_path))
-    assert r.returncode == 2 and "grid entry 1" in r.stderr and "learning rate must be a positive" in r.stderr
+    err = main(grid, str(bad), "--out", str(tmp_path))
+    assert "grid entry 1" in err and "learning rate must be a positive" in err
     bad.write_text("command: stream-sin\ngrids: {act: [elephant]\n")
-    r = run_cli("-m", "agents.grid", str(bad), "--out", str(tmp_path))
-    assert r.returncode == 2 and "is not valid YAML" in r.stderr
+    assert "is not valid YAML" in main(grid, str(bad), "--out", str(tmp_path))
     bad.write_text("command: stream-sin\nsweep: {act: [elephant]}\n")
-    r = run_cli("-m", "agents.grid", str(bad), "--out", str(tmp_path))
-    assert r.returncode == 2 and "unknown grid keys ['sweep']" in r.stderr
+    assert "unknown grid keys ['sweep']" in main(grid, str(bad), "--out", str(tmp_path))
 
 
 def test_grid_resumes_after_being_killed(tmp_path):
