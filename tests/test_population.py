@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.population.engine import Member, Population, member_q_net
+from agents.population.engine import COMPILE_FROM, Member, Population, member_q_net
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
@@ -143,6 +143,15 @@ def test_bad_settings_are_refused():
         Population(resolve("dqn", {"env": "Catcher-PLE-v0", "env_kwargs": {"rect_rounding": "round"}}), MEMBERS)
     with pytest.raises(ValueError, match="no batched version of 'CartPole-v1'"):
         Population(resolve("dqn", {"env": "CartPole-v1"}), MEMBERS)
+
+
+def test_auto_picks_the_measured_faster_path():
+    """From COMPILE_FROM agent-steps "auto" compiles, except networks with Maxout or LWTA (eager is faster there)."""
+    big = {"env": "MountainCar-v0", "n_timesteps": COMPILE_FROM}
+    for act, expected in (("elephant", "compiled"), ("fta", "compiled"), ("maxout", "batched"), ("lwta", "batched")):
+        assert Population(resolve("dqn", {**big, "act": act}), MEMBERS[:1]).implementation == expected, act
+    small = resolve("dqn", {"env": "MountainCar-v0", "n_timesteps": 100})
+    assert Population(small, MEMBERS[:1]).implementation == "batched"
 
 
 def test_a_members_probe_context_is_its_network_and_replay():

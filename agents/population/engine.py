@@ -46,13 +46,21 @@ __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 #: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
 #: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
 #: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
-#: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "vmap" for
-#: networks the batched path does not know)
+#: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "batched"
+#: for networks with a layer of :data:`EAGER_FASTER`; "vmap" for networks the batched path does not know)
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
 COMPILE_FROM = 500_000
-#: Linear layers with at most this many outputs run as a fused product-sum under "compiled"
+#: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for their group max (amax and its
+#: backward) is slower than eager's (MountainCar, P = 32, one thread: Maxout 306 agent-steps/s compiled vs 550
+#: batched, LWTA 426 vs 594)
+EAGER_FASTER = (Maxout, LWTA)
+#: Linear layers with at most this many outputs run as a fused product-sum under "compiled", unless they follow a
+#: layer of :data:`MATMUL_AFTER`
 NARROW = 16
+#: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
+#: was slower (MountainCar, P = 32: FTA 352 agent-steps/s fused vs 673 as a matmul, LWTA 345 vs 426)
+MATMUL_AFTER = (Maxout, LWTA, FTA)
 
 
 def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
@@ -65,8 +73,11 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
     if not isinstance(base, nn.Sequential):
         return None
     steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
+    previous: nn.Module | None = None
     for name, mod in base.named_children():
-        if type(mod) is nn.Linear and mod.bias is not None and compiled and mod.out_features <= NARROW:
+        fuse = compiled and type(previous) not in MATMUL_AFTER
+        previous = mod
+        if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
             steps.append(lambda p, x, n=name: (x[..., None, :] * p[f"{n}.weight"][:, None]).sum(-1)
                          + p[f"{n}.bias"][:, None, :])
         elif type(mod) is nn.Linear and mod.bias is not None:
@@ -206,7 +217,8 @@ class Population:
                              "'auto' or 'vmap'")
         self._auto, self._compiled_ok = implementation == "auto", False
         if implementation == "auto":
-            implementation = "vmap" if not batched else \
+            eager = any(type(mod) in EAGER_FASTER for mod in self.base.modules())
+            implementation = "vmap" if not batched else "batched" if eager else \
                 "compiled" if self.P * int(config["n_timesteps"]) >= COMPILE_FROM else "batched"
         self.implementation = implementation
         self._build_paths()
