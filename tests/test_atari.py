@@ -165,6 +165,7 @@ def smoke(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.long  # (.ci/run's step of long tests)
 def test_atari_smoke_runs_log_gradcov_at_the_scaled_points_and_evaluations(smoke):
     logs = sorted(smoke.rglob("run.h5"))
     assert len(logs) == 2
@@ -178,6 +179,7 @@ def test_atari_smoke_runs_log_gradcov_at_the_scaled_points_and_evaluations(smoke
         assert summary["status"] == "finished" and summary["steps_per_second"] > 0
 
 
+@pytest.mark.long  # (.ci/run's step of long tests)
 def test_atari_report_draws_the_papers_gradcov_figure(smoke, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "reports.atari", str(smoke), "-o", str(tmp_path / "report")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
