@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "get_command", "parse_seeds", "read_yaml",
-           "register_command"]
+__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "get_command", "parse_seeds",
+           "read_yaml", "register_command"]
 
 
 class ConfigError(ValueError):
