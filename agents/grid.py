@@ -32,8 +32,8 @@ alone, with the same ``DONE.json``; a population stopped or killed continues fro
 
 The local backend is a process pool with one torch thread per worker; ``--backend ray`` runs the same tasks (a run,
 or a population) on a Ray cluster, one CPU and one torch thread each: the cluster at ``RAY_ADDRESS``, else a local
-one. Ray never retries a task (``--resume`` continues what a dead worker left); a stop signal cancels the running
-tasks, which stop cleanly as on Ctrl-C.
+one; as many at a time as the cluster has CPUs, or ``--workers``. Ray never retries a task (``--resume`` continues
+what a dead worker left); a stop signal cancels the running tasks, which stop cleanly as on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -449,10 +449,11 @@ def _outcomes(task: Task, call: Callable[[], Any]) -> list[Outcome]:
     return [Outcome(run, state, detail) for run in runs]
 
 
-def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local",
+def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: str = "local",
              progress: bool = True) -> GridReport:
-    """Execute the runs that are not done as :func:`tasks`, at most ``workers`` at a time (with Ray: as many as the
-    cluster has CPUs); a failed task does not stop the others. Progress and the report count runs.
+    """Execute the runs that are not done as :func:`tasks`, at most ``workers`` at a time (default: one locally, as
+    many as the cluster has CPUs on Ray); a failed task does not stop the others. Progress and the report count
+    runs.
 
     After SIGINT or SIGTERM, or a run interrupted by one, no further tasks start; the running ones are waited for
     (Ray: cancelled, which stops them as the signal would).
@@ -460,6 +461,8 @@ def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local
     todo = [r for r in runs if r.status != "done"]
     if backend not in ("local", "ray"):
         raise ConfigError(f"unknown backend {backend!r}; choose local or ray")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
     work = tasks(todo)
     stop = _Stop()
     outcomes: list[Outcome] = []
@@ -486,11 +489,11 @@ def run_grid(runs: Sequence[GridRun], *, workers: int = 1, backend: str = "local
 
     with handling(STOP_SIGNALS, stop.on_signal):
         if backend == "ray":
-            _run_ray(work, stop, record)
-        elif workers <= 1:
+            _run_ray(work, workers, stop, record)
+        elif (workers or 1) == 1:
             _drive(work, 1, lambda task: _runs(task)[0].run_dir, inline, stop, record)
         else:
-            _run_pool(work, workers, stop, record)
+            _run_pool(work, int(workers), stop, record)
     bar.close()
     return GridReport(outcomes, len(todo) - len(outcomes), stop.signum)
 
@@ -532,10 +535,10 @@ class WorkerLost(RuntimeError):
     """The Ray worker (or node) running a task died: killed, out of memory, or its node lost."""
 
 
-def _run_ray(work: Sequence[Task], stop: _Stop, record: Callable[[Outcome], None]) -> None:
-    """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), as many at a time as it
-    has CPUs, one CPU each and never retried. A stop signal cancels the running tasks (SIGINT in their workers: they
-    stop as on Ctrl-C)."""
+def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Callable[[Outcome], None]) -> None:
+    """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), ``workers`` at a time
+    (default: as many as it has CPUs), one CPU each and never retried. A stop signal cancels the running tasks
+    (SIGINT in their workers: they stop as on Ctrl-C)."""
     try:
         import ray
     except ImportError:
@@ -563,9 +566,11 @@ def _run_ray(work: Sequence[Task], stop: _Stop, record: Callable[[Outcome], None
             raise ConfigError(f"cannot connect to the Ray cluster at RAY_ADDRESS={address}: {err}{hint}") from None
     try:
         with handling(STOP_SIGNALS, stop.on_signal):  # again: ray.init sets its own SIGTERM handler
-            slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            slots = workers or cpus
             started = " (started here)" if owned and not address else ""
-            tqdm.write(f"ray: the cluster at {ray.get_runtime_context().gcs_address}{started}, {slots} CPUs",
+            limit = f", {slots} task{'s' * (slots > 1)} at a time (--workers)" if workers else ""
+            tqdm.write(f"ray: the cluster at {ray.get_runtime_context().gcs_address}{started}, {cpus} CPUs{limit}",
                        file=sys.stderr)
             remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
             cancelled: set[Hashable] = set()
@@ -635,7 +640,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid", type=Path, help="YAML grid file")
     parser.add_argument("--out", type=Path, required=True, help="root folder of the run directories")
-    parser.add_argument("--workers", type=int, default=1, help="parallel local processes")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="tasks (runs or populations) at a time: local processes (default 1), or Ray tasks "
+                             "(default: as many as the cluster has CPUs)")
     parser.add_argument("--backend", choices=["local", "ray"], default="local")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="plugin module to import first, here and in every worker (repeatable; or the grid "

@@ -400,3 +400,62 @@ def test_a_full_disk_before_the_run_starts_is_a_message_not_a_traceback(tmp_path
                            "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == EXIT_IO and "Traceback" not in proc.stderr, proc.stderr
     assert "cannot write the run lock (No space left on device)" in proc.stderr
+
+
+_POPULATION = ["-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "relu", "--seeds", "0-2", "--steps",
+               "600", "--set", "max_episode_steps=150", "--set", "learning_starts=200", "--checkpoint-every", "200"]
+
+
+def test_a_population_refuses_a_run_folder_another_process_writes(tmp_path):
+    """As ``agents.train``: a member folder whose run lock another process holds stops the population before it
+    writes anything (exit status 3, naming the holder)."""
+    from agents.population.engine import Member
+    from agents.population.run import member_configs, member_dirs
+    from agents.runlock import run_lock
+
+    configs = member_configs({"env": "Acrobot-v1", "act": "relu", "n_timesteps": 600,
+                              "set": ["max_episode_steps=150", "learning_starts=200"]},
+                             [Member(s, 1e-3, 10_000) for s in range(3)])
+    busy = member_dirs(configs, tmp_path)[1]
+    busy.mkdir(parents=True)
+    with run_lock(busy):
+        proc = subprocess.run([sys.executable, *_POPULATION, "--lrs", "1e-3", "--buffers", "10000", "--out",
+                               str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_BUSY, proc.stderr
+    assert f"run folder {busy} is in use by pid {os.getpid()}" in proc.stderr
+    assert not list(tmp_path.rglob("run.h5"))
+
+
+def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkpoint_resumes(tmp_path, failwrite):
+    """The disk fills during the second checkpoint: exit status 4 with the OS's words, no torn temporary file, the
+    first checkpoint intact, every member's log readable with run_end "write_error"; ``--resume`` (space freed)
+    continues from the first checkpoint to the end."""
+    import cloudpickle
+
+    from agents.population.engine import Member, Population
+    from agents.population.run import member_configs
+    from agents.train import EXIT_IO
+    from probes.runlog import RUN_END
+    from reports.data import finished
+
+    members = [Member(s, 1e-3, 10_000) for s in range(3)]
+    configs = member_configs({"env": "Acrobot-v1", "act": "relu", "n_timesteps": 600,
+                              "set": ["max_episode_steps=150", "learning_starts=200"]}, members)
+    size = len(cloudpickle.dumps(Population(configs[0], members)))  # a checkpoint's size, to within its logs' state
+    env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": ".pkl", "FAILWRITE_ERRNO": "28",
+           "FAILWRITE_MODE": "full", "FAILWRITE_AFTER": str(int(1.5 * size))}
+    args = [sys.executable, *_POPULATION, "--lrs", "1e-3", "--buffers", "10000", "--out", str(tmp_path)]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "cannot write the checkpoint (No space left on device)" in last and "Traceback" not in proc.stderr, last
+    assert [p.name for p in (tmp_path / "populations").iterdir()] == [next((tmp_path / "populations").iterdir()).name]
+    assert next((tmp_path / "populations").iterdir()).suffix == ".pkl"  # the first checkpoint; no .tmp left
+    logs = sorted(tmp_path.rglob("run.h5"))
+    assert len(logs) == 3
+    for log in logs:
+        steps, values = read_run(log).scalars["run_end"]
+        assert [RUN_END[int(v)] for v in values] == ["write_error"] and steps[0] == 400
+    resumed = subprocess.run([*args, "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "resuming the population of 3 at step 200" in resumed.stderr, resumed.stderr
+    assert all(finished(read_run(log)) for log in logs)

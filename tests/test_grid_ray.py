@@ -1,6 +1,6 @@
 """``python -m agents.grid --backend ray`` on a real Ray cluster started here on loopback (2 CPUs): its results equal
 the local backend's, a worker SIGKILLed mid-run is reported and ``--resume`` finishes its run exactly, and
-``engine: population`` grids run as Ray tasks into the run folders the reports read.
+``engine: population`` grids run as Ray tasks into the run folders the reports read (``--workers`` at a time).
 
 The grids run in this process (one Ray job, so its workers import torch once), except a resume, which runs
 ``python -m agents.grid`` with ``RAY_ADDRESS`` as a user would."""
@@ -29,7 +29,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from agents.grid import load_grid, main, plan  # noqa: E402
+from agents.grid import load_grid, main, plan, tasks  # noqa: E402
 from probes import read_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,8 +196,13 @@ def test_populations_run_as_ray_tasks_into_the_folders_reports_read(cluster, tmp
     grid = _write(tmp_path / "grid.yml", POPULATION)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     assert main([str(grid), "--out", str(local)]) == 0
-    assert main([str(grid), "--out", str(on_ray), "--backend", "ray"]) == 0
+    assert main([str(grid), "--out", str(on_ray), "--backend", "ray", "--workers", "1"]) == 0
     err = capsys.readouterr().err
+    assert re.search(r"ray: the cluster at \S+, 2 CPUs, 1 task at a time \(--workers\)", err), err
+    spans = sorted((min(os.stat(r.run_dir / "config.yaml").st_mtime_ns for r in t.runs),
+                    max(os.stat(r.run_dir / "DONE.json").st_mtime_ns for r in t.runs))
+                   for t in tasks(plan(load_grid(grid), on_ray)))
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans  # one population after the other, as asked
     assert err.count("4 runs, 0 already finished; 4 to train in 2 populations") == 2
     assert err.count("grid done: 4 finished, 0 failed, 0 interrupted, 0 not started") == 2
     for a, b in zip(_run_dirs(grid, local), _run_dirs(grid, on_ray), strict=True):

@@ -10,14 +10,19 @@ lengths and the TD loss (every hundredth of the run); the run log's ``engine`` a
 ``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). Probes
 (``--set probe=[gradcov]`` ...) run per member on its own network and replay buffer, into its log, as in a single
 run. The population checkpoints to ``OUT/populations/<key>.pkl`` and ``--resume`` continues it exactly.
+
+As ``agents.train``, it holds every member folder's run lock (exit status 3 if another process writes into one) and
+stops with exit status 4 and a one-line reason when a log or checkpoint cannot be written (full disk).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
+import os
 import pickle
 import sys
 import time
@@ -29,17 +34,22 @@ import numpy as np
 import torch
 import yaml
 
-from agents.commands import OUTPUT_KEYS, ConfigError, get_command
-from agents.rl.checkpoint import write_atomic
+from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError, get_command
+from agents.rl.checkpoint import CheckpointWriteError, write_atomic
+from agents.runlock import RunFolderBusy, run_lock
+from agents.train import EXIT_BUSY, EXIT_IO
 from agents.signals import STOP_SIGNALS, handling
 from agents.rl.config import probe_arguments, resolve
 from probes import ProbeContext, ProbeRunner, make_probe
+from probes.runlog import RunLogWriteError
 from probes.sb3 import SCALARS
 
 from . import MEMBER_KEYS
 from .engine import Member, Population, member_q_net
 
-__all__ = ["member_configs", "train_population", "main"]
+__all__ = ["member_configs", "member_dirs", "train_population", "main"]
+
+PROG = "python -m agents.population.run"
 
 
 def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list[dict[str, Any]]:
@@ -96,8 +106,13 @@ class MemberLog:
 
 
 def _checkpoint(path: Path, pop: Population, seen: Sequence[int], logs: Sequence[MemberLog], wall: float) -> None:
-    """The whole population, the episodes its logs hold and their states, in one atomic pickle."""
-    write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs], "wall": wall})
+    """The whole population, the episodes its logs hold and their states, in one atomic pickle (the previous
+    checkpoint stays in place if it cannot be written: :class:`CheckpointWriteError`)."""
+    try:
+        write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs], "wall": wall})
+    except OSError as err:
+        raise CheckpointWriteError(f"{path}: cannot write the checkpoint ({err.strerror or err}); the disk may be "
+                                   "full") from err
 
 
 def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
@@ -105,6 +120,12 @@ def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
     key = hashlib.sha1(json.dumps([{k: v for k, v in c.items() if k not in OUTPUT_KEYS} for c in configs],
                                   sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path(out) / "populations" / f"{key}.pkl"
+
+
+def member_dirs(configs: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
+    """Each member's run folder under ``out`` (the one ``agents.train dqn`` would write its run to)."""
+    command = get_command("dqn")
+    return [command.run_dir(c, Path(out)) for c in configs]
 
 
 def train_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
@@ -118,14 +139,16 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
     the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
     diverged run does (``run_end`` "nan", summary status "nan"); the others go on. An unreadable checkpoint is a
-    ConfigError naming it."""
+    ConfigError naming it. A failed write (full disk) of a checkpoint or a log stops the population: the members' logs
+    end with ``run_end`` "write_error" where the disk still takes it, the last good checkpoint stays resumable, and
+    the error (:class:`CheckpointWriteError`, :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds
+    the members' run locks (:func:`member_dirs`)."""
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
     for c in configs[1:]:
         if {k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} != shared:
             raise ConfigError("population members may differ in seed, learning rate and buffer size only")
-    command = get_command("dqn")
-    dirs = [command.run_dir(c, Path(out)) for c in configs]
+    dirs = member_dirs(configs, out)
     steps = configs[0]["n_timesteps"]
     every = max(1, steps // 10) if checkpoint_every is None else int(checkpoint_every)
     path = _checkpoint_path(Path(out), configs)
@@ -186,6 +209,12 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
             raise SystemExit(128 + stop[0])
         for log in ongoing:
             log.runner.log.end(steps, "finished")
+    except (RunLogWriteError, RunWriteError):
+        for m, log in enumerate(logs):
+            if not pop.diverged[m]:
+                with contextlib.suppress(RunLogWriteError):  # the failure itself is being reported
+                    log.runner.log.end(pop.num_timesteps, "write_error")
+        raise
     finally:
         for log in logs:
             log.close()
@@ -215,7 +244,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.population.run", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="MountainCar-v0")
     parser.add_argument("--act", default="elephant")
@@ -241,11 +270,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else [base["learning_rate"]]
         buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else [base["buffer_size"]]
         members = [Member(s, lr, b) for s, lr, b in itertools.product(_ints(args.seeds), lrs, buffers)]
-        summaries = train_population(values, members, args.out, args.implementation, args.device, args.resume,
-                                     args.checkpoint_every)
+        with contextlib.ExitStack() as locks:  # one writer per run folder, as agents.train
+            for d in member_dirs(member_configs(values, members), args.out):
+                d.mkdir(parents=True, exist_ok=True)
+                locks.enter_context(run_lock(d))
+            summaries = train_population(values, members, args.out, args.implementation, args.device, args.resume,
+                                         args.checkpoint_every)
     except (ConfigError, ValueError) as err:
-        print(f"python -m agents.population.run: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    except RunFolderBusy as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return EXIT_BUSY
+    except (RunLogWriteError, RunWriteError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_IO)  # as agents.train: HDF5 objects of a file whose writes failed can crash the exit
     for s in summaries:
         print(f"{s['run_dir']}: final return {s['final_return']}")
     print(f"{len(members)} members, {summaries[0]['population_steps_per_second']:,.0f} env steps/s in all",
