@@ -403,7 +403,8 @@ def test_a_full_disk_before_the_run_starts_is_a_message_not_a_traceback(tmp_path
 
 
 _POPULATION = ["-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "relu", "--seeds", "0-2", "--steps",
-               "600", "--set", "max_episode_steps=150", "--set", "learning_starts=200", "--checkpoint-every", "200"]
+               "600", "--set", "max_episode_steps=150", "--set", "learning_starts=200", "--set", "hidden=[64]",
+               "--checkpoint-every", "200"]
 
 
 def test_a_population_refuses_a_run_folder_another_process_writes(tmp_path):
@@ -414,7 +415,7 @@ def test_a_population_refuses_a_run_folder_another_process_writes(tmp_path):
     from agents.runlock import run_lock
 
     configs = member_configs({"env": "Acrobot-v1", "act": "relu", "n_timesteps": 600,
-                              "set": ["max_episode_steps=150", "learning_starts=200"]},
+                              "set": ["max_episode_steps=150", "learning_starts=200", "hidden=[64]"]},
                              [Member(s, 1e-3, 10_000) for s in range(3)])
     busy = member_dirs(configs, tmp_path)[1]
     busy.mkdir(parents=True)
@@ -440,7 +441,7 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
 
     members = [Member(s, 1e-3, 10_000) for s in range(3)]
     configs = member_configs({"env": "Acrobot-v1", "act": "relu", "n_timesteps": 600,
-                              "set": ["max_episode_steps=150", "learning_starts=200"]}, members)
+                              "set": ["max_episode_steps=150", "learning_starts=200", "hidden=[64]"]}, members)
     size = len(cloudpickle.dumps(Population(configs[0], members)))  # a checkpoint's size, to within its logs' state
     env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": ".pkl", "FAILWRITE_ERRNO": "28",
            "FAILWRITE_MODE": "full", "FAILWRITE_AFTER": str(int(1.5 * size))}

@@ -193,7 +193,7 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     from reports.data import finished
 
     root = Path(__file__).resolve().parents[1]
-    settings = ["max_episode_steps=200", "probe=[gradcov,sparsity]", "probe_every=500"]
+    settings = ["max_episode_steps=200", "hidden=[64]", "probe=[gradcov,sparsity]", "probe_every=500"]
     proc = subprocess.run([sys.executable, "-m", "agents.population.run", "--env", "MountainCar-v0", "--act", "relu",
                            "--seeds", "0-1", "--lrs", "1e-3", "--buffers", "32,10000", "--steps", "1500",
                            *(a for x in settings for a in ("--set", x)), "--out", str(tmp_path)], cwd=root,
@@ -222,6 +222,7 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     assert report.returncode == 0, report.stderr
 
 
+@pytest.mark.long  # five processes (~50 s): .ci/run's step of long tests
 def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL right after the second checkpoint, or SIGTERM (a checkpoint of the step it stops after), then
     --resume: every member's log, probes and final weights equal those of an uninterrupted population (a kill loses at
@@ -239,7 +240,8 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     root = Path(__file__).resolve().parents[1]
     args = [sys.executable, "-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
             "0-2", "--lrs", "1e-3,1e-4", "--steps", "600", "--set", "max_episode_steps=150", "--set",
-            "learning_starts=200", "--set", "probe=[gradcov]", "--set", "probe_every=300", "--checkpoint-every", "200"]
+            "learning_starts=200", "--set", "hidden=[64]", "--set", "probe=[gradcov]", "--set", "probe_every=300",
+            "--checkpoint-every", "200"]
     env = {k: v for k, v in os.environ.items() if k != KILL_AT}
     ref = subprocess.run([*args, "--out", str(tmp_path / "ref")], cwd=root, env=env, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr
