@@ -6,7 +6,8 @@ SB3's DQN (``agents.train dqn``'s model) and populations of P members (seeds 0..
 train past ``learning_starts`` untimed (1000 steps), then ``--steps`` timed steps; one torch thread. Prints env
 steps/s (P x steps / seconds for a population), the ratio to SB3 and where a population's time went (acting, env,
 update) for each implementation of :data:`agents.population.engine.IMPLEMENTATIONS` asked for (the compile of
-"compiled" happens in the untimed warm-up and is reported apart). Do not run it while a study runs on the same cores.
+"compiled" happens in the untimed warm-up and is reported apart), with the allocator set as training sets it
+(:mod:`agents.allocator`). Do not run it while a study runs on the same cores.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 
 import torch
 
+from agents.allocator import retain_freed_memory
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    retain_freed_memory()  # as training runs set it (SB3's and the populations'), before either is measured
     config = resolve("dqn", {"env": args.env, "act": args.act})
     base = sb3_rate(config, args.steps)
     result = {"env": args.env, "act": args.act, "sb3_steps_per_second": base, "population": []}

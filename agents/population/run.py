@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import yaml
 
+from agents.allocator import retain_freed_memory
 from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError, get_command
 from agents.rl.checkpoint import CheckpointWriteError, write_atomic
 from agents.runlock import RunFolderBusy, run_lock
@@ -142,7 +143,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     ConfigError naming it. A failed write (full disk) of a checkpoint or a log stops the population: the members' logs
     end with ``run_end`` "write_error" where the disk still takes it, the last good checkpoint stays resumable, and
     the error (:class:`CheckpointWriteError`, :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds
-    the members' run locks (:func:`member_dirs`)."""
+    the members' run locks (:func:`member_dirs`). Sets the process's allocator for training
+    (:func:`agents.allocator.retain_freed_memory`)."""
+    retain_freed_memory()
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
     for c in configs[1:]:

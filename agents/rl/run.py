@@ -25,6 +25,7 @@ from stable_baselines3.common.logger import Logger, configure
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
+from agents.allocator import retain_freed_memory
 from agents.commands import OUTPUT_KEYS, RunWriteError
 from interference.nets import count_parameters
 from probes import make_probe
@@ -240,8 +241,10 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     Ctrl-C (or SIGTERM) stops at the next rollout start with a checkpoint (without checkpoints: after the current
     step), saves the model and the log, then exits with status 130 (143). A non-finite loss stops the run with a
     message on stderr; the summary's ``status`` is then ``"nan"``. ``resume`` continues the run from its checkpoint
-    (:mod:`agents.rl.checkpoint`) exactly as if it had not stopped.
+    (:mod:`agents.rl.checkpoint`) exactly as if it had not stopped. Sets the process's allocator for training
+    (:func:`agents.allocator.retain_freed_memory`).
     """
+    retain_freed_memory()
     config = _plain(config)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
