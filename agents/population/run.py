@@ -37,10 +37,10 @@ import yaml
 from agents.allocator import retain_freed_memory
 from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError, get_command
 from agents.rl.checkpoint import CheckpointWriteError, write_atomic
-from agents.runlock import RunFolderBusy, run_lock
-from agents.train import EXIT_BUSY, EXIT_IO
-from agents.signals import STOP_SIGNALS, handling
 from agents.rl.config import probe_arguments, resolve
+from agents.runlock import RunFolderBusy, run_lock
+from agents.signals import STOP_SIGNALS, handling
+from agents.train import EXIT_BUSY, EXIT_IO
 from probes import ProbeContext, ProbeRunner, make_probe
 from probes.runlog import RunLogWriteError
 from probes.sb3 import SCALARS
