@@ -184,9 +184,10 @@ def batches(tmp_path_factory):
     return get
 
 
-#: the Atari scenarios (ALE state, frame buffer chunks) run in .ci/run's step of long tests (pytest -m long), apart
-#: from the default run's 10 minutes, as do the grid's and VecNormalize's scenarios below
-LONG = {"atari-dqn", "atari-rainbow"}
+#: the PPO, Rainbow and Atari scenarios (rollouts, sum tree and noise, ALE state, frame buffer chunks) run in
+#: .ci/run's step of long tests (pytest -m long), apart from the default run's 10 minutes, as do the grid's and
+#: VecNormalize's scenarios below; the default run keeps DQN's six
+LONG = {"ppo", "rainbow", "atari-dqn", "atari-rainbow"}
 
 
 @pytest.mark.parametrize("algo, scenario", [pytest.param(a, s, marks=[pytest.mark.long] if a in LONG else [])
