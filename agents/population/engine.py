@@ -53,13 +53,14 @@ IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 COMPILE_FROM = 500_000
 #: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for their group max (amax and its
 #: backward) is slower than eager's (MountainCar, P = 32, one thread: Maxout 306 agent-steps/s compiled vs 550
-#: batched, LWTA 426 vs 594)
+#: batched, LWTA 426 vs 594; again with :mod:`agents.allocator`'s setting: Maxout 309 vs 599, LWTA 405 vs 657)
 EAGER_FASTER = (Maxout, LWTA)
 #: Linear layers with at most this many outputs run as a fused product-sum under "compiled", unless they follow a
 #: layer of :data:`MATMUL_AFTER`
 NARROW = 16
 #: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
-#: was slower (MountainCar, P = 32: FTA 352 agent-steps/s fused vs 673 as a matmul, LWTA 345 vs 426)
+#: was slower (MountainCar, P = 32: FTA 352 agent-steps/s fused vs 673 as a matmul, LWTA 345 vs 426; FTA 1,087 as a
+#: matmul with :mod:`agents.allocator`'s setting)
 MATMUL_AFTER = (Maxout, LWTA, FTA)
 
 
