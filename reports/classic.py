@@ -7,7 +7,8 @@ tasks (rliable); and a comparison with the authors' published per-task results.
 Runs are grouped by their whole config except the seed; groups that differ only in the learning rate are one
 setting. Final return = mean episode return over the last 10% of a run's episodes (as in the paper); per setting
 the learning rate with the highest mean final return over seeds is selected, and the page shows that mean ±
-standard error over seeds (std with ddof=1 / sqrt(n)). Runs that did not finish (interrupted, diverged, or for
+standard error over seeds (std with ddof=1 / sqrt(n)), with the learning rates it was chosen from (the page says
+where those sets differ between points: a wider search favours its points). Runs that did not finish (interrupted, diverged, or for
 logs without a ``run_end`` record, last record short of ``n_timesteps``) and repeats of a config and seed are left
 out with a warning on stderr.
 
@@ -63,7 +64,8 @@ class ClassicRow:
     """One point: final return at a setting's best learning rate, over seeds. `setting` names the config keys
     that set it apart from the other settings of its env and activation besides the buffer size (e.g.
     ``"n_timesteps=2000"``), empty if none. `finals` ``(n_seeds,)`` are the seeds' final returns in seed order
-    (`seeds`), `runs` their run logs."""
+    (`seeds`), `runs` their run logs; `lrs` every learning rate the setting was run with (ascending), the one
+    selected among them."""
 
     env: str
     act: str
@@ -75,6 +77,7 @@ class ClassicRow:
     n_seeds: int
     seeds: tuple[int, ...] = ()
     finals: tuple[float, ...] = ()
+    lrs: tuple[float, ...] = ()
     runs: tuple[Run, ...] = field(default=(), repr=False, compare=False)
 
 
@@ -130,8 +133,22 @@ def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
             mean, sem = mean_sem(finals[lr])
             rows.append(ClassicRow(c["env"], c["act"], int(c["buffer_size"]), setting, lr, mean, sem, len(chosen),
                                    tuple(r.seed for r, _ in chosen), tuple(f for _, f in chosen),
-                                   tuple(r for r, _ in chosen)))
+                                   tuple(sorted(finals)), tuple(r for r, _ in chosen)))
     return sorted(rows, key=lambda r: (r.env, r.act, r.setting, r.buffer_size)), warnings
+
+
+def _search_notes(rows: Sequence[ClassicRow]) -> list[str]:
+    """A note where the points were selected from different sets of learning rates (a wider search favours its
+    points), naming each set and the (task, activation) pairs searched over it; none where all are equal."""
+    searched: dict[tuple[float, ...], set[str]] = defaultdict(set)
+    for r in rows:
+        searched[r.lrs].add(f"{r.env} {r.act}")
+    if len(searched) < 2:
+        return []
+    parts = [f"{{{', '.join(f'{lr:g}' for lr in lrs)}}} for {', '.join(sorted(pairs))}"
+             for lrs, pairs in sorted(searched.items(), key=lambda item: (-len(item[0]), item[0]))]
+    return ["The learning rates searched differ between points, which favours the points searched more widely: "
+            + "; ".join(parts) + "."]
 
 
 def _line_label(row: ClassicRow) -> str:
@@ -152,7 +169,8 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
         for label in labels:
             pts = sorted((r.buffer_size, r.mean, r.sem, r.n_seeds) for r in here if _line_label(r) == label)
             x, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
-            ax.plot(x, m, marker="o", color=colors[label], label=f"{label} (n={int(n.min())})")
+            n_lrs = min(len(r.lrs) for r in here if _line_label(r) == label)
+            ax.plot(x, m, marker="o", color=colors[label], label=f"{label} (n={int(n.min())}, {n_lrs} lrs)")
             ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=colors[label], alpha=0.2)
         ax.set_xscale("log")
         ax.set_xlabel("replay buffer size (transitions)")
@@ -492,13 +510,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     save(buffer_figure(rows), out / "buffer_sizes.png")
     settings = any(r.setting for r in rows)
-    columns = ["env", "activation", *(["setting"] if settings else []), "buffer", "best lr", "final return", "seeds"]
+    columns = ["env", "activation", *(["setting"] if settings else []), "buffer", "best lr", "final return", "seeds",
+               "lrs tried"]
     cells = [[r.env, r.act, *([r.setting] if settings else []), str(r.buffer_size), f"{r.best_lr:g}",
-              format_mean_sem(r.mean, r.sem, 1), str(r.n_seeds)] for r in rows]
+              format_mean_sem(r.mean, r.sem, 1), str(r.n_seeds), ", ".join(f"{lr:g}" for lr in r.lrs)] for r in rows]
     table = Table("Final return at the best learning rate (mean ± SE over seeds)", columns, cells)
     notes = ["Final return = mean return of a run's last 10% of episodes. Per task, activation, buffer size and "
              "setting, the learning rate with the highest mean final return over seeds is selected; each point shows "
-             "that learning rate's mean ± SE (std ddof=1 / sqrt(n)) over seeds.", *agg_notes, *comparison_notes]
+             "that learning rate's mean ± SE (std ddof=1 / sqrt(n)) over seeds.", *_search_notes(rows), *agg_notes,
+             *comparison_notes]
     sections = {"Final return against buffer size": [("best learning rate per point", "buffer_sizes.png")],
                 **agg_sections}
     lines = [[f"{r.env:16s} {r.act:9s} buffer {r.buffer_size:6d}  lr {r.best_lr:<7g} "

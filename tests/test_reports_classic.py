@@ -9,8 +9,8 @@ import yaml
 
 from probes import RunLog, read_run
 from probes.runlog import RUN_END
-from reports.classic import (aggregates, authors_comparison, classic_table, main, normalise, performance_profiles,
-                             reference_data, score_matrices)
+from reports.classic import (_search_notes, aggregates, authors_comparison, classic_table, main, normalise,
+                             performance_profiles, reference_data, score_matrices)
 
 
 def write_run(path, act, buffer, lr, seed, returns, n_timesteps=None, last_step=None, end=None, **extra):
@@ -54,9 +54,14 @@ def test_best_lr_per_buffer_and_statistics(tmp_path, capsys):
     assert e.best_lr == 1e-3 and e.mean == pytest.approx(-115) and e.n_seeds == 2 and e.setting == ""
     assert e.sem == pytest.approx(np.std([-110, -120], ddof=1) / math.sqrt(2))
     assert rows[("relu", 32)].mean == pytest.approx(-275) and rows[("relu", 10000)].mean == pytest.approx(-135)
+    assert e.lrs == (1e-4, 1e-3) and rows[("relu", 32)].lrs == (1e-3,)
     assert main([str(tmp_path), "-o", str(tmp_path / "out"), *FEW_REPS]) == 0
     assert (tmp_path / "out" / "buffer_sizes.png").stat().st_size > 0
-    assert "buffer_sizes.png" in (tmp_path / "out" / "index.html").read_text()
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "buffer_sizes.png" in page and "lrs tried" in page
+    # Elephant was searched over two learning rates, ReLU over one: the page says so, naming both sets.
+    assert "The learning rates searched differ between points" in page
+    assert "{0.0001, 0.001} for MountainCar-v0 elephant; {0.001} for MountainCar-v0 relu" in page
     captured = capsys.readouterr()
     assert "-115.0" in captured.out and captured.err == ""
 
@@ -176,6 +181,8 @@ def test_best_lr_keeps_each_seeds_final_in_seed_order(tmp_path):
     assert row.best_lr == 1e-3 and row.seeds == (0, 1, 2)
     assert row.finals == pytest.approx([-300.0, -290.0, -280.0]) and row.mean == pytest.approx(-290.0)
     assert [r.seed for r in row.runs] == [0, 1, 2]
+    # every point searched over the same two learning rates: no note about unequal searches
+    assert {r.lrs for r in table} == {(1e-4, 1e-3)} and _search_notes(table) == []
 
 
 def test_normalise_against_hand_computed_scores():
