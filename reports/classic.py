@@ -21,6 +21,10 @@ the last 10% of episodes; the two differ little on a converged curve). The learn
 seeds it is scored on, so the aggregates lean optimistic by the selection (the paper's procedure too). IQM and mean over tasks x seeds come with stratified-bootstrap 95% CIs (``--reps``
 resamples, numpy seeded with ``--seed``), and performance profiles (fraction of runs scoring above tau) per buffer.
 
+Besides the page (``index.html``) and its figures, ``OUT`` gets the numbers as CSV: ``points.csv`` (each point, its
+seeds' final returns and the learning rates searched), ``runs.csv`` (every usable run at every learning rate) and
+``aggregates.csv`` (IQM and mean with their CIs).
+
 The comparison with the authors uses their per-episode training returns (``results/DQN_*.csv`` of qlan3/Elephant,
 at their default buffer 1e4) and ours at the same buffer; there "final" is, on both sides, the mean return of the
 episodes that ended in the last 10% of the run's steps (the authors' files are read only at their ends).
@@ -28,6 +32,7 @@ episodes that ended in the last 10% of the run's steps (the authors' files are r
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import sys
@@ -438,6 +443,31 @@ def _side(stats: tuple[float, float, int] | None, missing: str) -> str:
     return f"{format_mean_sem(stats[0], stats[1], 1)} ({stats[2]})" if stats else missing
 
 
+def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def _point_csvs(rows: Sequence[ClassicRow], runs: Sequence[Run], out: Path) -> None:
+    """``points.csv`` (one row per point: the selected learning rate's mean, SE and seeds, the learning rates
+    searched) and ``runs.csv`` (one row per usable run at every learning rate: its final return and run log), so that
+    the numbers behind the page can be re-analysed without the run logs."""
+    _write_csv(out / "points.csv", ["env", "activation", "setting", "buffer_size", "best_lr", "mean", "sem", "n_seeds",
+                                    "seeds", "finals", "lrs_tried"],
+               [[r.env, r.act, r.setting, r.buffer_size, r.best_lr, r.mean, r.sem, r.n_seeds,
+                 " ".join(map(str, r.seeds)), " ".join(str(float(f)) for f in r.finals), " ".join(map(str, r.lrs))]
+                for r in rows])
+    usable, _ = _usable_runs(runs)
+    setting = {config_key(r.config, ("seed", "learning_rate")): row.setting for row in rows for r in row.runs}
+    _write_csv(out / "runs.csv", ["env", "activation", "setting", "buffer_size", "learning_rate", "seed",
+                                  "final_return", "run_log"],
+               sorted([[r.config["env"], r.config["act"], setting[config_key(r.config, ("seed", "learning_rate"))],
+                        int(r.config["buffer_size"]), float(r.config["learning_rate"]), r.seed, float(final_return(r)),
+                        str(r.path)] for r in usable], key=lambda row: row[:6]))
+
+
 def _aggregate_part(rows: Sequence[ClassicRow], out: Path, reps: int, seed: int
                     ) -> tuple[list[Table], dict[str, list[tuple[str, str]]], list[str]]:
     """The aggregates' tables, figures and notes (warnings printed); rows of tasks without normalisation constants
@@ -452,6 +482,10 @@ def _aggregate_part(rows: Sequence[ClassicRow], out: Path, reps: int, seed: int
         return [], {}, ["No aggregates: no activation and buffer size has runs on every task with normalisation "
                         "constants."]
     aggs = aggregates(matrices, reps, seed)
+    _write_csv(out / "aggregates.csv", ["activation", "buffer_size", "iqm", "iqm_low", "iqm_high", "mean", "mean_low",
+                                        "mean_high", "seeds_per_task", "tasks"],
+               [[a.act, a.buffer_size, a.iqm, *a.iqm_ci, a.mean, *a.mean_ci, a.n_seeds, " ".join(tasks)]
+                for a in sorted(aggs, key=lambda a: (a.act, a.buffer_size))])
     save(aggregate_figure(aggs), out / "aggregate_iqm.png")
     save(profile_figure(performance_profiles(matrices, reps, seed)), out / "performance_profiles.png")
     table = Table(f"Normalised final return across {', '.join(tasks)} (tasks x seeds; 95% stratified-bootstrap CI)",
@@ -509,6 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     save(buffer_figure(rows), out / "buffer_sizes.png")
+    _point_csvs(rows, runs, out)
     settings = any(r.setting for r in rows)
     columns = ["env", "activation", *(["setting"] if settings else []), "buffer", "best lr", "final return", "seeds",
                "lrs tried"]

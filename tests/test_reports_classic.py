@@ -1,3 +1,4 @@
+import csv
 import dataclasses
 import math
 from pathlib import Path
@@ -62,6 +63,18 @@ def test_best_lr_per_buffer_and_statistics(tmp_path, capsys):
     # Elephant was searched over two learning rates, ReLU over one: the page says so, naming both sets.
     assert "The learning rates searched differ between points" in page
     assert "{0.0001, 0.001} for MountainCar-v0 elephant; {0.001} for MountainCar-v0 relu" in page
+    # the numbers as CSV: each point (its seeds' finals, the lrs searched) and every run at every lr
+    with (tmp_path / "out" / "points.csv").open() as f:
+        points = {(p["activation"], p["buffer_size"]): p for p in csv.DictReader(f)}
+    assert len(points) == 3 and points[("elephant", "32")]["lrs_tried"] == "0.0001 0.001"
+    assert points[("elephant", "32")]["best_lr"] == "0.001" and float(points[("elephant", "32")]["mean"]) == -115
+    assert [float(v) for v in points[("elephant", "32")]["finals"].split()] == [-110, -120]
+    with (tmp_path / "out" / "runs.csv").open() as f:
+        rows_csv = list(csv.DictReader(f))
+    assert len(rows_csv) == 8 and {r["learning_rate"] for r in rows_csv} == {"0.001", "0.0001"}
+    assert {(r["activation"], r["buffer_size"], r["learning_rate"], r["seed"], float(r["final_return"]))
+            for r in rows_csv if r["learning_rate"] == "0.0001"} == {("elephant", "32", "0.0001", "0", -200),
+                                                                    ("elephant", "32", "0.0001", "1", -190)}
     captured = capsys.readouterr()
     assert "-115.0" in captured.out and captured.err == ""
 
@@ -302,6 +315,12 @@ def test_report_page_has_aggregates_and_comparison(tmp_path, capsys):
         assert (tmp_path / "out" / name).stat().st_size > 0 and name in page
     assert "IQM" in page and "(R - R_random) / (R_ref - R_random)" in page and "20 resamples" in page
     assert "Ours against the authors" in page and "not in reference data" in page and "a97a845" in page
+    with (tmp_path / "out" / "aggregates.csv").open() as f:
+        aggs = list(csv.DictReader(f))
+    assert {(a["activation"], a["buffer_size"]) for a in aggs} == {(act, b) for act in ("elephant", "relu")
+                                                                   for b in ("32", "10000")}
+    assert all(float(a["iqm_low"]) <= float(a["iqm"]) <= float(a["iqm_high"]) and a["seeds_per_task"] == "3"
+               and a["tasks"] == "Acrobot-v1 MountainCar-v0" for a in aggs)
     err = capsys.readouterr().err
     assert "no normalisation constants for CartPole-v1" in err and "left out of the aggregates" in err
 
