@@ -8,9 +8,9 @@ Runs are grouped by their whole config except the seed; groups that differ only 
 setting. Final return = mean episode return over the last 10% of a run's episodes (as in the paper); per setting
 the learning rate with the highest mean final return over seeds is selected, and the page shows that mean ±
 standard error over seeds (std with ddof=1 / sqrt(n)), with the learning rates it was chosen from (the page says
-where those sets differ between points: a wider search favours its points). Runs that did not finish (interrupted, diverged, or for
-logs without a ``run_end`` record, last record short of ``n_timesteps``) and repeats of a config and seed are left
-out with a warning on stderr.
+where those sets differ between points: a wider search favours its points). Runs that did not finish
+(interrupted, diverged, or for logs without a ``run_end`` record, last record short of ``n_timesteps``) and repeats
+of a config and seed are left out with a warning on stderr.
 
 Aggregates across tasks (Agarwal et al. 2021, computed by rliable): per activation and buffer size, each seed's final
 return at the selected learning rate is normalised per task as ``(R - R_random) / (R_ref - R_random)``, with
@@ -18,8 +18,9 @@ return at the selected learning rate is normalised per task as ``(R - R_random) 
 activations at their default buffer (constants and sources in ``reports/reference/classic_dqn.json``); 0 is random,
 about 1 the authors' best (R_ref is their late return, episodes ending in the last 10% of steps, where R is ours over
 the last 10% of episodes; the two differ little on a converged curve). The learning rate is selected on the same
-seeds it is scored on, so the aggregates lean optimistic by the selection (the paper's procedure too). IQM and mean over tasks x seeds come with stratified-bootstrap 95% CIs (``--reps``
-resamples, numpy seeded with ``--seed``), and performance profiles (fraction of runs scoring above tau) per buffer.
+seeds it is scored on, so the aggregates lean optimistic by the selection (the paper's procedure too). IQM and
+mean over tasks x seeds come with stratified-bootstrap 95% CIs (``--reps`` resamples, numpy seeded with ``--seed``),
+and performance profiles (fraction of runs scoring above tau) per buffer.
 
 Besides the page (``index.html``) and its figures, ``OUT`` gets the numbers as CSV: ``points.csv`` (each point, its
 seeds' final returns and the learning rates searched), ``runs.csv`` (every usable run at every learning rate) and
@@ -527,8 +528,8 @@ def _comparison_part(rows: Sequence[ClassicRow]) -> tuple[Table, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
     parser = study_parser("python -m reports.classic", __doc__)
-    parser.add_argument("--reps", type=int, default=REPS, help=f"bootstrap resamples of the CIs and performance profiles (default {REPS}; about a minute for "
-                        "5 activations x 6 buffer sizes)")
+    parser.add_argument("--reps", type=int, default=REPS, help=f"bootstrap resamples of the CIs and performance "
+                        f"profiles (default {REPS}; about a minute for 5 activations x 6 buffer sizes)")
     parser.add_argument("--seed", type=int, default=0, help="numpy seed of the bootstrap (default 0)")
     args = parser.parse_args(argv)
     if args.reps < 1:
