@@ -40,3 +40,28 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     default, kept = _faults_per_step("default"), _faults_per_step("set")
     assert default > 1000  # glibc's defaults: the 16 MB go back to the system and fault in again every step
     assert kept < 50, (default, kept)
+
+
+def _tiny_class_inc() -> None:
+    import numpy as np
+
+    from agents.classinc.data import Dataset
+    from agents.classinc.learner import ClassIncConfig, train_class_inc
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 3)).astype(np.float32), np.arange(8) % 4
+    train_class_inc(ClassIncConfig(width=4, batch_size=4), Dataset("embed", x, y, x, y, "toy"), 0, lambda p, m: None)
+
+
+def _tiny_stream() -> None:
+    from agents.stream.learner import StreamConfig, train_stream
+    train_stream(StreamConfig(n=2, n_test=4, width=4, updates=1))
+
+
+@pytest.mark.parametrize("module, train", [("agents.classinc.learner", _tiny_class_inc),
+                                           ("agents.stream.learner", _tiny_stream)])
+def test_learners_set_the_allocator_before_training(monkeypatch, module, train):
+    # (the population engine and SB3 runs call it too; its effect is the page-fault test above)
+    calls = []
+    monkeypatch.setattr(f"{module}.retain_freed_memory", lambda: calls.append(1) or True)
+    train()
+    assert calls == [1]

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from agents.allocator import retain_freed_memory
 from interference import activation_spec, mlp, squared_grad_sum
 
 from .data import Dataset, seen_mask, stream_indices, task_classes
@@ -169,7 +170,9 @@ def train_class_inc(cfg: ClassIncConfig, data: Dataset, seed: int, on_batch: Cal
     """Train one seed's model on the class-incremental stream; ``on_batch(progress, model)`` after every mini-batch.
 
     Returns the trained model. Everything random (class order, stream order, initial weights) follows ``seed``.
+    Sets the process's allocator for training (:func:`agents.allocator.retain_freed_memory`).
     """
+    retain_freed_memory()
     tasks = task_classes(data.n_classes, cfg.classes_per_task, order=cfg.class_order, seed=seed)
     per_task = stream_indices(data.y_train, tasks, seed)
     batches = [(k, ix[i:i + cfg.batch_size]) for k, ix in enumerate(per_task) for i in range(0, len(ix), cfg.batch_size)]

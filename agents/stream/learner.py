@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from agents.allocator import retain_freed_memory
 from interference import activation_spec, mlp
 
 from .srnn import set_kl_penalty
@@ -125,8 +126,10 @@ def train_stream(cfg: StreamConfig, on_sample: Callable[[int, Ensemble, Tensor, 
     """Run the stream for every seed in ``cfg.seeds``.
 
     ``on_sample(t, ensemble, x_t, y_t, test_mse)`` is called after the updates on sample ``t`` (1-based count of
-    samples seen), with ``test_mse`` of shape ``(S,)``; probes and logging hang off it.
+    samples seen), with ``test_mse`` of shape ``(S,)``; probes and logging hang off it. Sets the process's allocator
+    for training (:func:`agents.allocator.retain_freed_memory`).
     """
+    retain_freed_memory()
     x, y = sine_stream(cfg.n)
     x_test, y_test = sine_stream(cfg.n_test)
     ens = Ensemble([build_net(cfg, s) for s in cfg.seeds])
