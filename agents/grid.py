@@ -290,11 +290,13 @@ _WRITE_FAILED = False
 
 
 @contextmanager
-def _writing(runs: Sequence[GridRun]) -> Iterator[None]:
+def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any]] | None]:
     """The frame of a task: SIGINT or SIGTERM raise SystemExit(128 + signal) unless the command handles them (RL runs
     stop cleanly, then exit so); plugins loaded, one torch thread; every run folder locked (RunFolderBusy if
     another process, e.g. an earlier grid's worker, still writes there) and cleared of ``DONE.json`` and
-    ``ERROR.txt``; an error's traceback goes to every run folder's ``ERROR.txt``."""
+    ``ERROR.txt``; an error's traceback goes to every run folder's ``ERROR.txt``. Yields None, or, where another
+    process (a second grid on the same folders) finished every run of the task with this config since it was
+    planned, their summaries from ``DONE.json``: the caller then returns them and trains nothing."""
     import torch
 
     with handling(STOP_SIGNALS, _stop_run), ExitStack() as locks:
@@ -303,11 +305,14 @@ def _writing(runs: Sequence[GridRun]) -> Iterator[None]:
         for run in runs:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             locks.enter_context(run_lock(run.run_dir))
+        if all(run.status == "done" for run in runs):  # checked under the locks: no one writes there now
+            yield [json.loads((run.run_dir / DONE).read_text()).get("summary") for run in runs]
+            return
         for run in runs:
             for name in (DONE, ERROR):  # a stale or failed run is redone
                 (run.run_dir / name).unlink(missing_ok=True)
         try:
-            yield
+            yield None
         except Exception as err:
             for run in runs:
                 (run.run_dir / ERROR).write_text(traceback.format_exc())
@@ -325,7 +330,9 @@ def _mark_done(run: GridRun, summary: Mapping[str, Any]) -> None:
 
 def execute(run: GridRun) -> dict[str, Any]:
     """Run one configuration and mark it finished (see :func:`_writing` for signals and errors)."""
-    with _writing([run]):
+    with _writing([run]) as finished_meanwhile:
+        if finished_meanwhile is not None:
+            return finished_meanwhile[0]
         cmd = get_command(run.command)
         summary = cmd.run(run.config, run.run_dir, resume=True) if run.resume else cmd.run(run.config, run.run_dir)
         _mark_done(run, summary)
@@ -340,7 +347,9 @@ def execute_population(task: PopulationTask) -> list[dict[str, Any]]:
     from agents.population.engine import Member
     from agents.population.run import member_configs, train_population
 
-    with _writing(task.runs):
+    with _writing(task.runs) as finished_meanwhile:
+        if finished_meanwhile is not None:
+            return finished_meanwhile
         members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in task.runs]
         for run, config in zip(task.runs, member_configs(task.values, members)):
             if _comparable(config) != _comparable(run.config):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.grid import GridRun, load_grid, main, plan
+from agents.grid import GridRun, load_grid, main, plan, run_task
 from probes import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,3 +288,22 @@ def test_the_ray_backend_refuses_cuda_runs(tmp_path):
     run = GridRun("dqn", {"device": "cuda"}, tmp_path / "r")
     with pytest.raises(ConfigError, match="the ray backend runs tasks on CPUs; 1 of this grid.s runs ask for device"):
         _run_ray([run], None, None, None)
+
+
+def test_a_run_finished_by_another_grid_since_planning_is_not_redone(tmp_path, capsys):
+    # Two grids on the same folders: each plans its runs as "todo"; the other finishes one before this one reaches
+    # it. Under the run's lock this grid finds it done with its config and keeps it: a finished run is never redone.
+    out = tmp_path / "runs"
+    grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, elephant]}]\n")
+    runs = plan(load_grid(grid), out)
+    assert [r.status for r in runs] == ["todo", "todo"]
+    assert main([str(grid), "--out", str(out)]) == 0  # the other grid finishes both
+    def files():
+        return {f: f.stat().st_mtime_ns for r in runs for f in r.run_dir.rglob("*")
+                if f.is_file() and f.name != ".lock"}
+
+    first = files()
+    assert len(first) > 2
+    summaries = [run_task(r) for r in runs]  # this grid's worker, on its plan made before
+    assert summaries == [json.loads((r.run_dir / "DONE.json").read_text())["summary"] for r in runs]
+    assert files() == first  # nothing rewritten, DONE.json included
