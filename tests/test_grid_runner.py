@@ -307,3 +307,22 @@ def test_a_run_finished_by_another_grid_since_planning_is_not_redone(tmp_path, c
     summaries = [run_task(r) for r in runs]  # this grid's worker, on its plan made before
     assert summaries == [json.loads((r.run_dir / "DONE.json").read_text())["summary"] for r in runs]
     assert files() == first  # nothing rewritten, DONE.json included
+
+
+def test_a_population_finished_by_another_grid_since_planning_is_not_redone(tmp_path):
+    # As for single runs: a population task planned as "todo" whose members another grid finished meanwhile returns
+    # their saved summaries under the members' locks and trains nothing (no checkpoint, no file rewritten).
+    from agents.grid import PopulationTask, run_grid, tasks
+
+    spec = _population_spec(grids=[{"act": ["relu"], "lr": [0.001], "seed": [0, 1], "buffer_size": [100]}])
+    runs = plan(spec, tmp_path)
+    [task] = tasks(runs)
+    assert isinstance(task, PopulationTask) and [r.status for r in task.runs] == ["todo", "todo"]
+    assert run_grid(plan(spec, tmp_path), progress=False).exit_status == 0  # the other grid finishes both
+    def files():
+        return {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*") if f.is_file() and f.name != ".lock"}
+
+    first = files()
+    summaries = run_task(task)  # this grid's worker, on its plan made before
+    assert summaries == [json.loads((r.run_dir / "DONE.json").read_text())["summary"] for r in runs]
+    assert files() == first
