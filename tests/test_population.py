@@ -154,6 +154,26 @@ def test_auto_picks_the_measured_faster_path():
     assert Population(small, MEMBERS[:1]).implementation == "batched"
 
 
+def test_a_failed_compile_falls_back_to_batched_on_the_same_replay_sample():
+    """Under "auto", a compile that fails at the first update warns and trains "batched" from there, on the sample
+    already drawn for that update: the result is a "batched" run's, bit for bit (the failed try costs no draw)."""
+    config = resolve("dqn", {"env": "MountainCar-v0", "act": "relu", "n_timesteps": COMPILE_FROM,
+                             "set": ["learning_starts=20", "hidden=[8]", "match_width=false"]})
+    failing, batched = (Population(config, MEMBERS[:2], implementation=i) for i in ("auto", "batched"))
+    assert failing.implementation == "compiled"
+
+    def no_compiler(*args):
+        raise RuntimeError("no C++ compiler")
+
+    failing._losses = no_compiler
+    with pytest.warns(UserWarning, match=r"torch.compile failed \(RuntimeError\); the population runs 'batched'"):
+        failing.learn(30)
+    batched.learn(30)
+    assert failing.implementation == "batched"
+    assert all(torch.equal(failing.params[k], batched.params[k]) for k in batched.params)
+    assert [r.bit_generator.state for r in failing.draws.rngs] == [r.bit_generator.state for r in batched.draws.rngs]
+
+
 def test_a_members_probe_context_is_its_network_and_replay():
     """What a probe sees of member m: its weights, rows of its own buffer drawn with the probe's RNG, TD targets from
     its target network (recomputed here member by member), the per-sample squared TD error."""

@@ -348,10 +348,11 @@ class Population:
         """One RMSprop step of every member on its own replay sample; the members' losses ``(P,)``. Under "auto",
         a compile that fails at the first update (no C++ compiler, say) falls back to "batched" with a warning; asked
         for by name, it is an error naming the cause."""
+        batch = self._sample()  # drawn once: a retry after a failed compile trains on the same sample
         if self.implementation != "compiled" or self._compiled_ok:
-            return self._update()
+            return self._update(*batch)
         try:
-            losses = self._update()
+            losses = self._update(*batch)
         except Exception as err:  # Inductor's failures have many types; the first update is where they show
             if not self._auto:
                 raise RuntimeError(f"implementation='compiled': torch.compile failed ({type(err).__name__}: "
@@ -360,11 +361,13 @@ class Population:
                           stacklevel=2)
             self.implementation = "batched"
             self._build_paths()
-            return self._update()
+            return self._update(*batch)
         self._compiled_ok = True
         return losses
 
-    def _update(self) -> Tensor:
+    def _sample(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Every member's replay sample, drawn with its own generator: obs and next obs ``(P, batch, obs_dim)``,
+        actions, rewards and terminations ``(P, batch)``."""
         k = self.config["batch_size"]
         idx = np.stack([self.draws.indices(m, int(self.size[m]), k) for m in range(self.P)])
         rows = np.arange(self.P)[:, None]
@@ -372,6 +375,9 @@ class Population:
         obs, nxt = as_t(self.obs_buf[rows, idx]).to(self.dtype), as_t(self.next_buf[rows, idx]).to(self.dtype)
         act = as_t(self.act_buf[rows, idx])
         rew, done = as_t(self.rew_buf[rows, idx]).to(self.dtype), as_t(self.done_buf[rows, idx]).to(self.dtype)
+        return obs, act, nxt, rew, done
+
+    def _update(self, obs: Tensor, act: Tensor, nxt: Tensor, rew: Tensor, done: Tensor) -> Tensor:
         if self.implementation == "loop":  # SB3's kernels: one MSE loss per member
             with torch.no_grad():
                 y = rew + (1 - done) * self.config["gamma"] * self.q_values(nxt, self.target).max(-1).values
