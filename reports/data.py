@@ -107,9 +107,16 @@ def _format_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+#: config keys that say how a run was executed, not what it computes: never part of a setting (single runs' logs
+#: record torch_threads, population members' logs do not; the same setting either way)
+EXECUTION_KEYS = ("torch_threads",)
+
+
 def config_key(config: Mapping[str, Any], ignore: Sequence[str] = ("seed",)) -> str:
-    """`config` without the keys in `ignore`, as JSON with sorted keys: equal for runs of one configuration."""
-    return json.dumps({k: v for k, v in config.items() if k not in ignore}, sort_keys=True, default=str)
+    """`config` without the keys in `ignore` and :data:`EXECUTION_KEYS`, as JSON with sorted keys: equal for runs of
+    one configuration."""
+    return json.dumps({k: v for k, v in config.items() if k not in (*ignore, *EXECUTION_KEYS)}, sort_keys=True,
+                      default=str)
 
 
 def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -133,10 +140,10 @@ def config_labels(configs: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()
     Nested dicts are compared entry by entry (``act_kwargs.d=4``; an entry a config lacks is left out of its
     label, a top-level key it lacks shows as ``key=(unset)``). The activation's own settings (``act_kwargs``,
     ``sigma_bias``, ``layer_norm``) are left out where they follow from ``act`` (e.g. Elephant's defaults against
-    ReLU's). The ``derived`` entry (recomputed from the settings) and the top-level keys in `skip` are never shown.
-    Labels may be empty.
+    ReLU's). The ``derived`` entry (recomputed from the settings), :data:`EXECUTION_KEYS` and the top-level keys in
+    `skip` are never shown. Labels may be empty.
     """
-    hidden = {"derived", *skip}
+    hidden = {"derived", *EXECUTION_KEYS, *skip}
     top = {k for c in configs for k in c}
     flat = [{k: v for k, v in _leaves(c).items() if k.split(".")[0] not in hidden} for c in configs]
     keys = list(dict.fromkeys(k for c in flat for k in c))
