@@ -328,6 +328,48 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     member_q_net(configs[0], 1).load_state_dict(a)  # strict: exactly the QNetwork's keys
 
 
+def test_a_population_stays_resumable_until_its_results_are_written_and_finishes_once(tmp_path, monkeypatch, capsys):
+    """A fresh start clears a single run's leftovers from the member folders; a failure while the results are written
+    leaves the checkpoint, so --resume finishes the population; --resume on a finished one returns its summaries and
+    rewrites nothing. A member's q_net.pt holds its own tensors, not the population's whole storage."""
+    import json
+
+    from agents.commands import get_command
+    from agents.population.run import _checkpoint_path, member_configs, train_population
+
+    values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 400,
+              "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
+    members = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in range(3)]
+    configs = member_configs(values, members)
+    dirs = [get_command("dqn").run_dir(c, tmp_path) for c in configs]
+    path = _checkpoint_path(tmp_path, configs)
+    dirs[2].mkdir(parents=True)
+    for name in ("model.zip", "checkpoint.pkl", "summary.json"):  # a single run's files from before
+        (dirs[2] / name).write_text(json.dumps({"status": "finished"}))
+    save, calls = torch.save, []
+
+    def full_disk_at_the_second_member(obj, f, *args, **kwargs):
+        calls.extend([f] if str(f).endswith("q_net.pt") else [])
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk_at_the_second_member)
+    with pytest.raises(OSError, match="No space left"):
+        train_population(values, members, tmp_path, implementation="batched", checkpoint_every=100)
+    monkeypatch.setattr(torch, "save", save)
+    assert path.exists() and not any((dirs[2] / n).exists() for n in ("model.zip", "checkpoint.pkl", "summary.json"))
+    done = train_population(values, members, tmp_path, implementation="batched", resume=True)
+    assert "resuming the population of 3 at step 300" in capsys.readouterr().err
+    assert not path.exists() and [s["status"] for s in done] == ["finished"] * 3
+    stamps = {f: f.stat().st_mtime_ns for d in dirs for f in d.iterdir()}
+    assert train_population(values, members, tmp_path, implementation="batched", resume=True) == done
+    assert "the population of 3 finished already (400 steps); nothing to resume" in capsys.readouterr().err
+    assert {f: f.stat().st_mtime_ns for d in dirs for f in d.iterdir()} == stamps
+    weights = torch.load(dirs[0] / "q_net.pt")
+    assert (dirs[0] / "q_net.pt").stat().st_size < 2 * sum(4 * w.numel() for w in weights.values()) + 4096
+
+
 def test_member_keys_are_the_members_fields():
     import dataclasses
 

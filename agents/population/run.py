@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import pickle
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -123,6 +124,41 @@ def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
     return Path(out) / "populations" / f"{key}.pkl"
 
 
+#: what a member's finished run adds to its folder beside config.yaml and run.h5
+RESULT_FILES = ("summary.json", "q_net.pt")
+
+
+def _finished(dirs: Sequence[Path]) -> list[dict[str, Any]] | None:
+    """The members' summaries if every one of them holds the summary of a population that ended (status "finished"
+    or "nan"), else None. A population writes them only at its end, after a fresh start or a resume removed them."""
+    summaries = []
+    for d in dirs:
+        try:
+            summary = json.loads((d / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if summary.get("status") not in ("finished", "nan"):
+            return None
+        summaries.append(summary)
+    return summaries
+
+
+def _clear(dirs: Sequence[Path], fresh: bool) -> None:
+    """Remove the members' results of an earlier attempt (resumed from the checkpoint: they are written again at
+    the end) and, on a fresh start, a single run's files left in the folders (``agents.train dqn``'s model,
+    checkpoint and replay), so that nothing in a folder is older than its run log."""
+    from agents.rl.run import RUN_FILES
+
+    for d in dirs:
+        for name in (*RESULT_FILES, *(RUN_FILES if fresh else ())):
+            if name == "run.h5":
+                continue  # (the member's log replaces or continues it)
+            if (d / name).is_dir():
+                shutil.rmtree(d / name)
+            else:
+                (d / name).unlink(missing_ok=True)
+
+
 def member_dirs(configs: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
     """Each member's run folder under ``out`` (the one ``agents.train dqn`` would write its run to)."""
     command = get_command("dqn")
@@ -140,7 +176,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
     the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
     diverged run does (``run_end`` "nan", summary status "nan"); the others go on. An unreadable checkpoint is a
-    ConfigError naming it. A failed write (full disk) of a checkpoint or a log stops the population: the members' logs
+    ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone, every member's
+    ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk) of a checkpoint or a log stops the population: the members' logs
     end with ``run_end`` "write_error" where the disk still takes it, the last good checkpoint stays resumable, and
     the error (:class:`CheckpointWriteError`, :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds
     the members' run locks (:func:`member_dirs`). Sets the process's allocator for training
@@ -159,6 +196,10 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     state = None
     if not resume:
         path.unlink(missing_ok=True)  # a fresh start: an older checkpoint must not be resumed against its logs later
+    elif not path.exists() and (done := _finished(dirs)) is not None:
+        print(f"{path.parent}: the population of {len(members)} finished already ({steps} steps); nothing to resume",
+              file=sys.stderr)
+        return done
     if resume and path.exists():
         try:
             with open(path, "rb") as f:
@@ -168,6 +209,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                               "delete it to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
               file=sys.stderr)
+    _clear(dirs, fresh=state is None)
     pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
     seen = state["seen"] if state else [0] * len(members)
     logs = []
@@ -222,7 +264,6 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         for log in logs:
             log.close()
     wall = time.perf_counter() - start
-    path.unlink(missing_ok=True)  # finished: the logs and weights hold it
     summaries = []
     for m, (c, d) in enumerate(zip(configs, dirs)):
         end = int(pop.diverged[m]) or steps
@@ -232,9 +273,11 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
-        torch.save({k: v.cpu() for k, v in pop.member_state(m).items()}, d / "q_net.pt")
+        # (cloned: a member's tensors are views of the population's, whose whole storage torch.save would write)
+        torch.save({k: v.cpu().clone() for k, v in pop.member_state(m).items()}, d / "q_net.pt")
         (d / "summary.json").write_text(json.dumps(summary, indent=1))
         summaries.append(summary)
+    path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     return summaries
 
 
