@@ -235,7 +235,9 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
         assert set(run.attrs) - set(alone.attrs) <= {"engine", "population_size"}
         steps, returns = run.scalars["episode_return"]
         assert len(steps) == 7 and np.all(returns == -200.0)  # 1500 steps of 200-step episodes, none reached the top
-        assert len(run.scalars["loss"][0]) > 0
+        assert np.array_equal(run.scalars["loss"][0], alone.scalars["loss"][0])  # the updates a single run logs
+        assert np.array_equal(run.scalars["learning_rate"][0], alone.scalars["learning_rate"][0])
+        assert np.all(run.scalars["learning_rate"][1] == 1e-3)
         assert json.loads((run_dir / "summary.json").read_text())["episodes"] == 7
     report = subprocess.run([sys.executable, "-m", "reports", str(tmp_path), "-o", str(tmp_path / "report")],
                             cwd=root, capture_output=True, text=True, timeout=300)

@@ -6,8 +6,9 @@
 Members are the product of seeds x learning rates x buffer sizes; each gets the config ``agents.train dqn`` would
 resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``),
 so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
-lengths and the TD loss (every hundredth of the run); the run log's ``engine`` attribute says
-``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). Probes
+lengths, the TD loss and learning rate (as a single run's: the first update, every hundredth of the run, the last);
+the run log's ``engine`` attribute says ``population:<implementation>``; the member's final Q-network is
+``q_net.pt`` (its ``state_dict``). Probes
 (``--set probe=[gradcov]`` ...) run per member on its own network and replay buffer, into its log, as in a single
 run. The population checkpoints to ``OUT/populations/<key>.pkl`` and ``--resume`` continues it exactly.
 
@@ -175,7 +176,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
     SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
     the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
-    diverged run does (``run_end`` "nan", summary status "nan"); the others go on. An unreadable checkpoint is a
+    diverged run does (``run_end`` "nan", summary status "nan"; at the step of that update, where a single run's
+    callbacks stop it one env step later and log that step too); the others go on. An unreadable checkpoint is a
     ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone, every member's
     ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk) of a checkpoint or a log stops the population: the members' logs
     end with ``run_end`` "write_error" where the disk still takes it, the last good checkpoint stays resumable, and
@@ -220,7 +222,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         logs.append(MemberLog(pop, m, c, d / "run.h5", device, state["logs"][m] if state else None,
                               extra_attrs={"engine": f"population:{pop.implementation}",
                                            "population_size": len(members)}))
-    loss_every = max(1, steps // 100)
+    # the TD loss and learning rate of the first update, of the first at or after each hundredth of the run, and of
+    # the last (probes.sb3.ProbeCallback's cadence with one update per step)
+    loss_every, first_update = max(1, steps // 100), int(configs[0]["learning_starts"]) + 1
     start = time.perf_counter() - (state["wall"] if state else 0.0)
     stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
     try:
@@ -242,8 +246,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                         log.runner.log.end(t, "nan")
                         print(f"{dirs[m]}: the TD loss is not finite at step {t}; the member stopped there",
                               file=sys.stderr)
-                    elif pop.last_losses is not None and t % loss_every == 0:
-                        log.scalar("loss", t, float(pop.last_losses[m]))
+                    elif t >= first_update and (t % loss_every == 0 or t in (first_update, steps)):
+                        log.scalar("loss", t, float(pop.last_losses[m]))  # as probes.sb3 logs a run's updates
+                        log.scalar("learning_rate", t, members[m].learning_rate)
         ongoing = [log for m, log in enumerate(logs) if not pop.diverged[m]]
         if stop and pop.num_timesteps < steps:  # checkpoint the step just finished (nothing is lost), mark the
             _checkpoint(path, pop, seen, logs, time.perf_counter() - start)  # logs, exit as a stopped run does
