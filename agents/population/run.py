@@ -181,9 +181,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone, every member's
     ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk) of a checkpoint
     or a log stops the population: the members' logs end with ``run_end`` "write_error" where the disk still takes
-    it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`, :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds
-    the members' run locks (:func:`member_dirs`). Sets the process's allocator for training
-    (:func:`agents.allocator.retain_freed_memory`)."""
+    it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`,
+    :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds the members' run locks
+    (:func:`member_dirs`). Sets the process's allocator for training (:func:`agents.allocator.retain_freed_memory`)."""
     retain_freed_memory()
     configs = member_configs(values, members)
     shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
