@@ -372,6 +372,20 @@ def test_a_population_stays_resumable_until_its_results_are_written_and_finishes
     assert (dirs[0] / "q_net.pt").stat().st_size < 2 * sum(4 * w.numel() for w in weights.values()) + 4096
 
 
+@pytest.mark.parametrize("setting, expected", [([], [40, 80, 120, 160, 200, 240, 280, 320, 360]),
+                                              (["checkpoint_every=150"], [150, 300]), (["checkpoint_every=0"], [])])
+def test_a_population_checkpoints_at_its_configs_interval(tmp_path, monkeypatch, setting, expected):
+    """The config's checkpoint_every (a grid's or --set's, as a single run's), by default a tenth of the run."""
+    from agents.population import run
+
+    steps = []
+    monkeypatch.setattr(run, "_checkpoint", lambda path, pop, *args: steps.append(pop.num_timesteps))
+    values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 400,
+              "set": ["learning_starts=100", "hidden=[16]", "match_width=false", *setting]}
+    run.train_population(values, [Member(0, 1e-3, 300)], tmp_path, implementation="batched")
+    assert steps == expected
+
+
 def test_member_keys_are_the_members_fields():
     import dataclasses
 

@@ -171,9 +171,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                      checkpoint_every: int | None = None) -> list[dict[str, Any]]:
     """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them); their summaries.
 
-    Every ``checkpoint_every`` steps (default: a tenth of the run; 0: never) the whole population (networks,
-    optimiser states, buffers, envs, generators, episodes) and its logs' record counts go to one atomic pickle;
-    ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
+    Every ``checkpoint_every`` steps (default: the config's ``checkpoint_every``, else a tenth of the run; 0: never)
+    the whole population (networks, optimiser states, buffers, envs, generators, episodes) and its logs' record
+    counts go to one atomic pickle; ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
     SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
     the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
     diverged run does (``run_end`` "nan", summary status "nan"; at the step of that update, where a single run's
@@ -192,6 +192,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
             raise ConfigError("population members may differ in seed, learning rate and buffer size only")
     dirs = member_dirs(configs, out)
     steps = configs[0]["n_timesteps"]
+    if checkpoint_every is None:  # the config's (a grid's or --set's), as a single run's
+        checkpoint_every = configs[0].get("checkpoint_every")
     every = max(1, steps // 10) if checkpoint_every is None else int(checkpoint_every)
     path = _checkpoint_path(Path(out), configs)
     path.parent.mkdir(parents=True, exist_ok=True)
