@@ -47,7 +47,10 @@ __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 #: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
 #: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
 #: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "batched"
-#: for networks with a layer of :data:`EAGER_FASTER`; "vmap" for networks the batched path does not know)
+#: for networks with a layer of :data:`EAGER_FASTER`; "vmap" for networks the batched path does not know). The
+#: implementations agree to float rounding, which RL amplifies over a run: under "auto" a member's exact numbers
+#: depend on how many members share its population (in a grid, on ``population_size`` and what is left to run);
+#: name one (``agents.population.run --implementation``) where runs must repeat bit for bit across groupings
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
 COMPILE_FROM = 500_000
