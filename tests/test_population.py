@@ -300,11 +300,12 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
         assert not list((tmp_path / out / "populations").glob("*.pkl"))  # finished: the checkpoint is gone
 
 
-def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path):
+def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path, monkeypatch):
     """A member whose TD loss turns non-finite stops there (run_end "nan", summary status "nan"), as a single run
     does; the other members train exactly as a population without it (members interact nowhere). FTA's network here,
     whose non-persistent buffer stays out of q_net.pt (a strict load into the member's QNetwork works); a stale
-    checkpoint from an earlier population at the same path is not resumed by a fresh start."""
+    checkpoint from an earlier population at the same path is not resumed by a fresh start; a population whose
+    members all diverged stops."""
     from agents.commands import ConfigError, get_command
     from agents.population.run import _checkpoint_path, member_configs, train_population
     from probes import read_run
@@ -328,6 +329,16 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     b = torch.load(get_command("dqn").run_dir(configs[0], tmp_path / "alone") / "q_net.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     member_q_net(configs[0], 1).load_state_dict(a)  # strict: exactly the QNetwork's keys
+    step, steps = Population.step, []
+
+    def counted(pop, *args, **kwargs):
+        steps.append(pop.num_timesteps)
+        return step(pop, *args, **kwargs)
+
+    monkeypatch.setattr(Population, "step", counted)  # a population whose members all ended stops there
+    [lone] = train_population(values, [wild], tmp_path / "wild", implementation="batched")
+    assert lone == {**both[1], **{k: lone[k] for k in lone if "second" in k or k == "run_dir"}}
+    assert len(steps) == lone["steps"] < 600
 
 
 def test_a_population_stays_resumable_until_its_results_are_written_and_finishes_once(tmp_path, monkeypatch, capsys):

@@ -231,7 +231,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
     try:
         with handling(STOP_SIGNALS, lambda signum, frame: stop.append(signum)):
-            while pop.num_timesteps < steps and not stop:
+            while pop.num_timesteps < steps and not stop and not pop.diverged.all():  # (all ended: nothing to do)
                 if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
                     _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
                 state = None  # (a resumed run does not rewrite the checkpoint it started from)
