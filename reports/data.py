@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from probes.runlog import RUN_END, Run
+from probes.runlog import END, RUN_END, Run
 from probes.schema import FieldDoc, ProbeSchema, default_doc
 
 __all__ = [
@@ -338,11 +338,15 @@ def run_end(run: Run) -> str | None:
 
 
 def finished(run: Run) -> bool:
-    """Whether the run reached its end: its ``run_end`` is ``"finished"``; for a log without ``run_end``, its last
-    record is within the last 1% of the config's ``n_timesteps`` (True if the config has none)."""
+    """Whether the run reached its end: its ``run_end`` is ``"finished"``; False where the log has a ``run_end``
+    series without its record (our writers declare it: the run is still being written, or was killed); for a log
+    without that series (another tool's), its last record is within the last 1% of the config's ``n_timesteps``
+    (True if the config has none)."""
     end = run_end(run)
     if end is not None:
         return end == "finished"
+    if END in run.scalars:
+        return False
     total = run.config.get("n_timesteps")
     return total is None or training_length(run) >= int(total) - int(total) // 100
 

@@ -16,7 +16,8 @@ from reports.classic import (_search_notes, aggregates, authors_comparison, clas
 
 def write_run(path, act, buffer, lr, seed, returns, n_timesteps=None, last_step=None, end=None, **extra):
     """A DQN run log with `returns` as episodes evenly spaced up to `last_step` (default `n_timesteps`, else
-    100 steps per episode) and, if `end` is given, a `run_end` record; `n_timesteps` and `extra` go into the
+    100 steps per episode) and, if `end` is given, a `run_end` record (True: the series declared, no record, as in a
+    log still being written; None: no series, as another tool's log); `n_timesteps` and `extra` go into the
     config."""
     config = {"algo": "dqn", "env": "MountainCar-v0", "act": act, "buffer_size": buffer, "learning_rate": lr,
               "seed": seed, **extra}
@@ -24,10 +25,11 @@ def write_run(path, act, buffer, lr, seed, returns, n_timesteps=None, last_step=
         config["n_timesteps"] = n_timesteps
     last = last_step or n_timesteps or 100 * len(returns)
     steps = np.linspace(last / len(returns), last, len(returns)).astype(int)
-    with RunLog(path, config=config, seed=seed, probes={}, scalars=["episode_return", "run_end"]) as log:
+    scalars = ["episode_return", *(["run_end"] if end is not None else [])]
+    with RunLog(path, config=config, seed=seed, probes={}, scalars=scalars) as log:
         for step, r in zip(steps, returns):
             log.scalar("episode_return", int(step), r)
-        if end is not None:
+        if isinstance(end, str):
             log.scalar("run_end", int(last), RUN_END.index(end))
 
 
@@ -112,6 +114,17 @@ def test_unfinished_run_is_left_out(tmp_path):
     ((row,), warnings) = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
     assert row.n_seeds == 3 and row.mean == pytest.approx(np.mean([-110, -130, -125]))
     assert warnings == [f"{tmp_path / 's2.h5'}: unfinished run (last record at step 3218 of n_timesteps 5000); "
+                        "left out"]
+
+
+def test_a_run_still_being_written_is_left_out_near_its_end(tmp_path):
+    """Our logs declare run_end when they are created: one without its record is running or was killed, whatever
+    its last step (the 99% rule is for other tools' logs, which have no run_end series)."""
+    write_run(tmp_path / "s0.h5", "relu", 32, 1e-3, 0, returns(-110), n_timesteps=5000, end="finished")
+    write_run(tmp_path / "s1.h5", "relu", 32, 1e-3, 1, returns(-130), n_timesteps=5000, last_step=4990, end=True)
+    ((row,), warnings) = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
+    assert row.n_seeds == 1 and row.mean == -110
+    assert warnings == [f"{tmp_path / 's1.h5'}: unfinished run (last record at step 4990 of n_timesteps 5000); "
                         "left out"]
 
 
