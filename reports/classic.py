@@ -379,11 +379,13 @@ def profile_figure(profiles: Sequence[Profiles]) -> Figure:
 
 
 def late_return(run: Run, fraction: float = 0.1) -> float:
-    """Mean return of the episodes that ended in the last `fraction` of the run's steps (``step >= (1 - fraction)
-    * n_timesteps``; the last recorded step where the config has no ``n_timesteps``); NaN if none did."""
+    """Mean return of the episodes that ended in the last `fraction` of the run's steps, counted as the authors'
+    files count them (``step - 1 >= (1 - fraction) * n_timesteps``: their Step is the 0-based index of the episode's
+    last env step, ours the number of env steps taken; the last recorded step where the config has no
+    ``n_timesteps``); NaN if none did."""
     steps, values = run.scalars.get("episode_return", (np.empty(0), np.empty(0)))
     total = run.config.get("n_timesteps") or training_length(run)
-    late = values[steps >= (1 - fraction) * total]
+    late = values[steps - 1 >= (1 - fraction) * total]
     return float(late.mean()) if len(late) else math.nan
 
 

@@ -295,8 +295,9 @@ def test_authors_comparison_rows(tmp_path):
     assert sorted(comps) == [("CartPole-v1", "relu"), ("MountainCar-v0", "elephant"), ("MountainCar-v0", "fta"),
                              ("Pixelcopter-PLE-v0", "relu")]
     mc = comps[("MountainCar-v0", "elephant")]
-    # late return: episodes ending at steps >= 1800 of 2000 are the last three (-1000 and the tail twice)
-    late = [(-1000.0 - 2 * 110.0) / 3, (-1000.0 - 2 * 130.0) / 3]
+    # late return: the episodes ending after the first 1800 of 2000 steps, the tail twice (ours at steps 1900 and
+    # 2000); the one ending at our step 1800 is the authors' Step 1799 (0-based), before the last 10%
+    late = [-110.0, -130.0]
     assert mc.ours == pytest.approx((np.mean(late), np.std(late, ddof=1) / math.sqrt(2), 2))
     assert mc.theirs == pytest.approx((-110.0, np.std([-100.0, -120.0], ddof=1) / math.sqrt(2), 2))
     assert mc.difference == pytest.approx(np.mean(late) + 110.0) and (mc.our_steps, mc.their_steps) == (2000, 2000)
@@ -304,7 +305,7 @@ def test_authors_comparison_rows(tmp_path):
                                                 ("CartPole-v1", "relu")])
     assert fta.ours is None and math.isnan(fta.theirs[1]) and fta.theirs[2] == 1 and math.isnan(fta.difference)
     assert copter.ours is None and copter.theirs == pytest.approx((20.0, 10 / math.sqrt(3), 3))
-    assert cartpole.theirs is None and cartpole.their_steps is None and cartpole.ours[0] == pytest.approx(-300.0)
+    assert cartpole.theirs is None and cartpole.their_steps is None and cartpole.ours[0] == pytest.approx(50.0)
 
 
 def test_reference_file_is_consistent():
