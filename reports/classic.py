@@ -9,8 +9,10 @@ setting. Final return = mean episode return over the last 10% of a run's episode
 the learning rate with the highest mean final return over seeds is selected, and the page shows that mean ±
 standard error over seeds (std with ddof=1 / sqrt(n)), with the learning rates it was chosen from (the page says
 where those sets differ between points: a wider search favours its points). Runs that did not finish
-(interrupted, diverged, or for logs without a ``run_end`` record, last record short of ``n_timesteps``) and repeats
-of a config and seed are left out with a warning on stderr.
+(interrupted, diverged, still being written; for other tools' logs without a ``run_end`` series, last record short
+of ``n_timesteps``), runs with a non-finite final return, and repeats of a config and seed are left out with a
+warning on stderr, counted on the page; a learning rate some of whose runs were left out is still tried but only
+selectable if it has as many usable seeds as the point's best-covered one (the page names those that were not).
 
 Aggregates across tasks (Agarwal et al. 2021, computed by rliable): per activation and buffer size, each seed's final
 return at the selected learning rate is normalised per task as ``(R - R_random) / (R_ref - R_random)``, with
@@ -70,8 +72,8 @@ class ClassicRow:
     """One point: final return at a setting's best learning rate, over seeds. `setting` names the config keys
     that set it apart from the other settings of its env and activation besides the buffer size (e.g.
     ``"n_timesteps=2000"``), empty if none. `finals` ``(n_seeds,)`` are the seeds' final returns in seed order
-    (`seeds`), `runs` their run logs; `lrs` every learning rate the setting was run with (ascending), the one
-    selected among them."""
+    (`seeds`), `runs` their run logs; `lrs` every learning rate the setting was run with (ascending), `lr_seeds` the
+    usable seeds of each (runs left out not counted); the point is selected among those with the most."""
 
     env: str
     act: str
@@ -84,13 +86,14 @@ class ClassicRow:
     seeds: tuple[int, ...] = ()
     finals: tuple[float, ...] = ()
     lrs: tuple[float, ...] = ()
+    lr_seeds: tuple[int, ...] = ()
     runs: tuple[Run, ...] = field(default=(), repr=False, compare=False)
 
 
 def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
     """The DQN runs with episodes that finished, one per (config, seed) (the first by path); and a warning line
     per DQN run left out (config lacking a study key, unfinished, no episodes, or a repeat of a config and
-    seed)."""
+    seed, a non-finite final return)."""
     kept: dict[tuple[str, int], Run] = {}
     warnings = []
     for run in sorted(runs, key=lambda r: r.path):
@@ -107,6 +110,8 @@ def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
             warnings.append(f"{run.path}: {how} run (last record at step {training_length(run)}{of}); left out")
         elif len(run.scalars.get("episode_return", ((), ()))[1]) == 0:
             warnings.append(f"{run.path}: no episodes recorded; left out")
+        elif not math.isfinite(final_return(run)):
+            warnings.append(f"{run.path}: non-finite final return; left out")
         elif key in kept:
             warnings.append(f"{run.path}: same config and seed {run.seed} as {kept[key].path}; counted once")
         else:
@@ -117,7 +122,10 @@ def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
 def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
     """Best-learning-rate final return per setting (config except seed and learning rate) from the DQN runs in
     `runs`, and a warning line per DQN run left out (see `_usable_runs`). The best learning rate is the one with
-    the highest mean final return over seeds (the first of equal ones, in the order of the runs' paths)."""
+    the highest mean final return over seeds (the first of equal ones, in the order of the runs' paths), among the
+    learning rates with as many usable seeds as the setting's best-covered one: a learning rate whose runs were left
+    out in part (diverged, unfinished) is not judged on its survivors. Every learning rate the setting was run with
+    counts as tried (``lrs``), usable runs or not."""
     usable, warnings = _usable_runs(runs)
     by_lr: dict[str, dict[float, list[Run]]] = defaultdict(lambda: defaultdict(list))
     configs: dict[str, dict] = {}
@@ -125,6 +133,10 @@ def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
         key = config_key(run.config, ("seed", "learning_rate"))
         configs.setdefault(key, run.config)
         by_lr[key][float(run.config["learning_rate"])].append(run)
+    tried: dict[str, set[float]] = defaultdict(set)
+    for run in runs:
+        if run.config.get("algo") == "dqn" and all(k in run.config for k in _KEYS):
+            tried[config_key(run.config, ("seed", "learning_rate"))].add(float(run.config["learning_rate"]))
     by_env_act: dict[tuple[str, str], list[str]] = defaultdict(list)
     for key, c in configs.items():
         by_env_act[(c["env"], c["act"])].append(key)
@@ -134,12 +146,14 @@ def classic_table(runs: Sequence[Run]) -> tuple[list[ClassicRow], list[str]]:
         for key, setting in zip(keys, labels):
             c = configs[key]
             finals = {lr: [final_return(r) for r in group] for lr, group in by_lr[key].items()}
-            lr = max(finals, key=lambda lr: np.mean(finals[lr]))
+            lrs = tuple(sorted(tried[key]))
+            counts = tuple(len(finals.get(lr, ())) for lr in lrs)
+            lr = max((lr for lr in finals if len(finals[lr]) == max(counts)), key=lambda lr: np.mean(finals[lr]))
             chosen = sorted(zip(by_lr[key][lr], finals[lr]), key=lambda pair: pair[0].seed)
             mean, sem = mean_sem(finals[lr])
             rows.append(ClassicRow(c["env"], c["act"], int(c["buffer_size"]), setting, lr, mean, sem, len(chosen),
-                                   tuple(r.seed for r, _ in chosen), tuple(f for _, f in chosen),
-                                   tuple(sorted(finals)), tuple(r for r, _ in chosen)))
+                                   tuple(r.seed for r, _ in chosen), tuple(f for _, f in chosen), lrs, counts,
+                                   tuple(r for r, _ in chosen)))
     return sorted(rows, key=lambda r: (r.env, r.act, r.setting, r.buffer_size)), warnings
 
 
@@ -155,6 +169,30 @@ def _search_notes(rows: Sequence[ClassicRow]) -> list[str]:
              for lrs, pairs in sorted(searched.items(), key=lambda item: (-len(item[0]), item[0]))]
     return ["The learning rates searched differ between points, which favours the points searched more widely: "
             + "; ".join(parts) + "."]
+
+
+def _coverage_notes(rows: Sequence[ClassicRow]) -> list[str]:
+    """A note naming the learning rates that were tried but had fewer usable seeds than their point's best-covered
+    one (runs left out: diverged, unfinished, ...), and so were not selectable; none where all were complete."""
+    short = [f"{r.env} {r.act}{f' {r.setting}' if r.setting else ''} at buffer {r.buffer_size}: "
+             + ", ".join(f"{lr:g} ({k} of {max(r.lr_seeds)})" for lr, k in zip(r.lrs, r.lr_seeds)
+                         if k < max(r.lr_seeds)) for r in rows if r.lr_seeds and min(r.lr_seeds) < max(r.lr_seeds)]
+    if not short:
+        return []
+    return ["Learning rates with fewer usable seeds than their point's best-covered one were not selectable (their "
+            "other runs were left out, as the warnings say): " + "; ".join(short) + "."]
+
+
+def _left_out_note(runs: Sequence[Run]) -> list[str]:
+    """A note counting the DQN runs left out and the repeats counted once (each is named in a warning)."""
+    _, warnings = _usable_runs(runs)
+    out = sum(w.endswith("left out") for w in warnings)
+    repeats = len(warnings) - out
+    if not warnings:
+        return []
+    return [f"{out} DQN run(s) left out (unfinished, diverged, interrupted, without episodes or with a non-finite "
+            f"final return) and {repeats} repeat(s) of a config and seed counted once; each is named in a warning "
+            "on stderr."]
 
 
 def _line_label(row: ClassicRow) -> str:
@@ -458,10 +496,10 @@ def _point_csvs(rows: Sequence[ClassicRow], runs: Sequence[Run], out: Path) -> N
     searched) and ``runs.csv`` (one row per usable run at every learning rate: its final return and run log), so that
     the numbers behind the page can be re-analysed without the run logs."""
     _write_csv(out / "points.csv", ["env", "activation", "setting", "buffer_size", "best_lr", "mean", "sem", "n_seeds",
-                                    "seeds", "finals", "lrs_tried"],
+                                    "seeds", "finals", "lrs_tried", "usable_seeds_per_lr"],
                [[r.env, r.act, r.setting, r.buffer_size, r.best_lr, r.mean, r.sem, r.n_seeds,
-                 " ".join(map(str, r.seeds)), " ".join(str(float(f)) for f in r.finals), " ".join(map(str, r.lrs))]
-                for r in rows])
+                 " ".join(map(str, r.seeds)), " ".join(str(float(f)) for f in r.finals), " ".join(map(str, r.lrs)),
+                 " ".join(map(str, r.lr_seeds))] for r in rows])
     usable, _ = _usable_runs(runs)
     setting = {config_key(r.config, ("seed", "learning_rate")): row.setting for row in rows for r in row.runs}
     _write_csv(out / "runs.csv", ["env", "activation", "setting", "buffer_size", "learning_rate", "seed",
@@ -476,14 +514,17 @@ def _aggregate_part(rows: Sequence[ClassicRow], out: Path, reps: int, seed: int
     """The aggregates' tables, figures and notes (warnings printed); rows of tasks without normalisation constants
     are left out, with a warning naming them."""
     known = reference_data()["normalisation"]["tasks"]
-    if unknown := sorted({r.env for r in rows} - set(known)):
-        warn(f"no normalisation constants for {', '.join(unknown)} in {REFERENCE}; left out of the aggregates")
+    unknown = sorted({r.env for r in rows} - set(known))
     matrices, tasks, warnings = score_matrices([r for r in rows if r.env in known])
+    if unknown:
+        warnings.insert(0, f"no normalisation constants for {', '.join(unknown)} in {REFERENCE.name}; left out of "
+                           "the aggregates")
     for message in warnings:
         warn(message)
+    left_out = [f"In the aggregates: {'; '.join(warnings)}."] if warnings else []
     if not matrices:
         return [], {}, ["No aggregates: no activation and buffer size has runs on every task with normalisation "
-                        "constants."]
+                        "constants.", *left_out]
     aggs = aggregates(matrices, reps, seed)
     _write_csv(out / "aggregates.csv", ["activation", "buffer_size", "iqm", "iqm_low", "iqm_high", "mean", "mean_low",
                                         "mean_high", "seeds_per_task", "tasks"],
@@ -502,7 +543,7 @@ def _aggregate_part(rows: Sequence[ClassicRow], out: Path, reps: int, seed: int
              f"best); "
              f"{constants} ({REFERENCE.name}). Aggregates by rliable: IQM (25% trimmed mean) and mean over all tasks "
              f"x seeds, stratified-bootstrap 95% CIs from {reps} resamples (numpy seed {seed}); performance profiles "
-             f"give the fraction of runs scoring above each threshold."]
+             f"give the fraction of runs scoring above each threshold.", *left_out]
     sections = {"Aggregates across tasks": [("IQM against buffer size", "aggregate_iqm.png"),
                                             ("performance profiles per buffer size", "performance_profiles.png")]}
     return [table], sections, notes
@@ -555,7 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table("Final return at the best learning rate (mean ± SE over seeds)", columns, cells)
     notes = ["Final return = mean return of a run's last 10% of episodes. Per task, activation, buffer size and "
              "setting, the learning rate with the highest mean final return over seeds is selected; each point shows "
-             "that learning rate's mean ± SE (std ddof=1 / sqrt(n)) over seeds.", *_search_notes(rows), *agg_notes,
+             "that learning rate's mean ± SE (std ddof=1 / sqrt(n)) over seeds.", *_left_out_note(runs),
+             *_coverage_notes(rows), *_search_notes(rows), *agg_notes,
              *comparison_notes]
     sections = {"Final return against buffer size": [("best learning rate per point", "buffer_sizes.png")],
                 **agg_sections}

@@ -108,8 +108,8 @@ def _format_value(value: Any) -> str:
 
 
 #: config keys that say how a run was executed, not what it computes: never part of a setting (single runs' logs
-#: record torch_threads, population members' logs do not; the same setting either way)
-EXECUTION_KEYS = ("torch_threads",)
+#: record torch_threads, population members' logs do not; seeds run on a GPU and on CPUs are one setting)
+EXECUTION_KEYS = ("torch_threads", "device")
 
 
 def config_key(config: Mapping[str, Any], ignore: Sequence[str] = ("seed",)) -> str:

@@ -348,8 +348,8 @@ def test_labels_name_only_differing_settings(groups):
     assert data.config_labels(ablation) == ["act=elephant layer_norm=true", "act=relu layer_norm=false",
                                             "act=relu layer_norm=true"]
     # torch_threads says how a run was executed (single runs' logs record it, population members' do not): one setting
-    executed = [dataclasses.replace(run, config=c) for c in (elephant | {"torch_threads": 1}, elephant,
-                                                             configs[2] | {"torch_threads": 4})]
+    executed = [dataclasses.replace(run, config=c) for c in (elephant | {"torch_threads": 1, "device": "cuda"},
+                                                             elephant, configs[2] | {"torch_threads": 4})]
     assert {k: len(v) for k, v in data.group_by_config(executed).items()} == {"act=elephant": 2, "act=relu": 1}
     assert data.config_key(executed[0].config) == data.config_key(executed[1].config)
     only_derived = [dataclasses.replace(run, config=c) for c in (elephant, configs[3] | {"n_timesteps": 2000})]

@@ -117,6 +117,29 @@ def test_unfinished_run_is_left_out(tmp_path):
                         "left out"]
 
 
+def test_a_learning_rate_whose_runs_were_left_out_in_part_is_tried_but_not_selectable(tmp_path):
+    """lr 1e-3: 3 of 3 seeds at -100; 3e-3: 1 survivor at -90, 2 diverged; 1e-2: all diverged; 3e-4: one run's
+    final return is not finite. The point is 1e-3's (not the lone survivor's), every lr counts as tried, and the page
+    names those that were not selectable and counts the runs left out."""
+    for seed in range(3):
+        write_run(tmp_path / f"a{seed}.h5", "relu", 32, 1e-3, seed, returns(-100), n_timesteps=2000, end="finished")
+        write_run(tmp_path / f"b{seed}.h5", "relu", 32, 3e-3, seed, returns(-90), n_timesteps=2000,
+                  end="finished" if seed == 0 else "nan")
+        write_run(tmp_path / f"c{seed}.h5", "relu", 32, 1e-2, seed, returns(-80), n_timesteps=2000, end="nan")
+        write_run(tmp_path / f"d{seed}.h5", "relu", 32, 3e-4, seed, returns(float("nan") if seed else -95),
+                  n_timesteps=2000, end="finished")
+    ((row,), warnings) = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
+    assert (row.best_lr, row.mean, row.n_seeds) == (1e-3, -100, 3)
+    assert row.lrs == (3e-4, 1e-3, 3e-3, 1e-2) and row.lr_seeds == (1, 3, 1, 0)
+    assert sum("non-finite final return; left out" in w for w in warnings) == 2 and len(warnings) == 7
+    assert main([str(tmp_path), "-o", str(tmp_path / "out"), *FEW_REPS]) == 0
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "MountainCar-v0 relu at buffer 32: 0.0003 (1 of 3), 0.003 (1 of 3), 0.01 (0 of 3)." in page
+    assert "7 DQN run(s) left out" in page
+    with (tmp_path / "out" / "points.csv").open() as f:
+        assert next(csv.DictReader(f))["usable_seeds_per_lr"] == "1 3 1 0"
+
+
 def test_a_run_still_being_written_is_left_out_near_its_end(tmp_path):
     """Our logs declare run_end when they are created: one without its record is running or was killed, whatever
     its last step (the 99% rule is for other tools' logs, which have no run_end series)."""
@@ -337,6 +360,7 @@ def test_report_page_has_aggregates_and_comparison(tmp_path, capsys):
                and a["tasks"] == "Acrobot-v1 MountainCar-v0" for a in aggs)
     err = capsys.readouterr().err
     assert "no normalisation constants for CartPole-v1" in err and "left out of the aggregates" in err
+    assert "In the aggregates: no normalisation constants for CartPole-v1 in classic_dqn.json; left out" in page
 
 
 def test_bad_reps_exits_2(tmp_path, capsys):
