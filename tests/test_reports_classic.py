@@ -324,6 +324,7 @@ def test_authors_comparison_rows(tmp_path):
     assert mc.ours == pytest.approx((np.mean(late), np.std(late, ddof=1) / math.sqrt(2), 2))
     assert mc.theirs == pytest.approx((-110.0, np.std([-100.0, -120.0], ddof=1) / math.sqrt(2), 2))
     assert mc.difference == pytest.approx(np.mean(late) + 110.0) and (mc.our_steps, mc.their_steps) == (2000, 2000)
+    assert mc.our_lrs == (1e-3,) and comps[("MountainCar-v0", "fta")].our_lrs == ()
     fta, copter, cartpole = (comps[k] for k in [("MountainCar-v0", "fta"), ("Pixelcopter-PLE-v0", "relu"),
                                                 ("CartPole-v1", "relu")])
     assert fta.ours is None and math.isnan(fta.theirs[1]) and fta.theirs[2] == 1 and math.isnan(fta.difference)
