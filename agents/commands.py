@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +27,23 @@ class ConfigError(ValueError):
 #: config keys that change how a run shows progress, saves or logs, never what it computes: a change in them neither
 #: makes a finished run stale (grid) nor a checkpoint foreign (--resume)
 OUTPUT_KEYS = ("progress", "torch_threads", "checkpoint_every", "sb3_log")
+
+
+def comparable_config(config: Any) -> Any:
+    """``config`` as it reads back from JSON or YAML (tuples become lists), without :data:`OUTPUT_KEYS`: equal for
+    configs whose runs compute the same."""
+    plain = json.loads(json.dumps(config, default=str))
+    return {k: v for k, v in plain.items() if k not in OUTPUT_KEYS} if isinstance(plain, dict) else plain
+
+
+def holds_config(run_dir: str | Path, config: Mapping[str, Any]) -> bool:
+    """Whether the files in ``run_dir`` were made with ``config``: its ``config.yaml`` equals it (by
+    :func:`comparable_config`); False if that file is missing or unreadable."""
+    try:
+        saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return comparable_config(saved) == comparable_config(config)
 
 
 class RunWriteError(OSError):

@@ -15,9 +15,10 @@ and one or more sub-grids whose lists are crossed::
 Every entry is validated by the command before anything runs. A run is finished when its run directory holds
 ``DONE.json`` (written last, with the run's summary) and its saved config (``config.yaml``, or the config in
 ``DONE.json`` for commands that write none) equals the grid's config for it, ignoring the keys that only change
-how a run reports and saves (:data:`agents.commands.OUTPUT_KEYS`); a finished run with another config is stale and is redone. An
-interrupted grid re-run skips finished runs and redoes the rest; with ``--resume`` it continues unfinished runs of
-commands that checkpoint (dqn, ppo, sac) from their last checkpoint, exactly as if they had not stopped.
+how a run reports and saves (:data:`agents.commands.OUTPUT_KEYS`); a run finished or begun with another config
+(its ``config.yaml`` differs) is stale and is redone afresh, never resumed. An interrupted grid re-run skips
+finished runs and redoes the rest; with ``--resume`` it continues unfinished runs of commands that checkpoint (dqn,
+ppo, sac) from their last checkpoint, exactly as if they had not stopped.
 
 Ctrl-C starts no more runs; the running ones get the signal too (they share the terminal's process group) and
 stop cleanly; the grid then prints what finished, was interrupted or was not started and exits with status 130.
@@ -65,7 +66,7 @@ from tqdm import tqdm
 from probes.plugins import PluginError, load_plugins
 from probes.runlog import RunLogWriteError
 
-from .commands import OUTPUT_KEYS, ConfigError, RunWriteError, commands, get_command, read_yaml
+from .commands import ConfigError, RunWriteError, commands, comparable_config, get_command, read_yaml
 from .population import MEMBER_KEYS
 from .runlock import run_lock
 from .signals import STOP_SIGNALS, handling
@@ -75,10 +76,6 @@ __all__ = ["GridRun", "PopulationEngine", "PopulationTask", "WorkerLost", "Outco
 
 DONE = "DONE.json"
 ERROR = "ERROR.txt"
-#: config keys that do not change a run's results: a change in them does not make a finished run stale
-IGNORED_KEYS = OUTPUT_KEYS
-
-
 @dataclass(frozen=True)
 class PopulationEngine:
     """A grid's ``engine: population``: its runs train as members of populations (at most ``size`` members each;
@@ -100,10 +97,13 @@ class GridRun:
 
     @property
     def status(self) -> str:
-        """``done`` (finished with this config), ``stale`` (finished with another config) or ``todo``."""
-        if not (self.run_dir / DONE).exists():
+        """``done`` (finished with this config), ``stale`` (finished or begun with another config, as its
+        ``config.yaml`` says: redone afresh, never resumed) or ``todo`` (not begun, or begun with this config)."""
+        done = (self.run_dir / DONE).exists()
+        if not done and not (self.run_dir / "config.yaml").exists():
             return "todo"
-        return "done" if _comparable(saved_config(self.run_dir)) == _comparable(self.config) else "stale"
+        same = comparable_config(saved_config(self.run_dir)) == comparable_config(self.config)
+        return ("done" if done else "todo") if same else "stale"
 
 
 def saved_config(run_dir: Path) -> Any:
@@ -114,12 +114,6 @@ def saved_config(run_dir: Path) -> Any:
         return json.loads((run_dir / DONE).read_text()).get("config")
     except (OSError, ValueError, yaml.YAMLError):
         return None  # unreadable: counts as another config
-
-
-def _comparable(config: Any) -> Any:
-    """``config`` as it reads back from JSON (tuples become lists), without :data:`IGNORED_KEYS`."""
-    plain = json.loads(json.dumps(config, default=str))
-    return {k: v for k, v in plain.items() if k not in IGNORED_KEYS} if isinstance(plain, dict) else plain
 
 
 GRID_KEYS = ("command", "fixed", "grids", "import", "engine", "population_size")
@@ -352,7 +346,7 @@ def execute_population(task: PopulationTask) -> list[dict[str, Any]]:
             return finished_meanwhile
         members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in task.runs]
         for run, config in zip(task.runs, member_configs(task.values, members)):
-            if _comparable(config) != _comparable(run.config):
+            if comparable_config(config) != comparable_config(run.config):
                 raise ConfigError(f"{run.run_dir}: the population resolves another config for this member than the "
                                   "grid (a bug in the grouping of agents.grid)")
         device = task.runs[0].config["device"]
@@ -659,8 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="continue unfinished runs from their checkpoints (commands that checkpoint: dqn, ppo, "
                              "sac) instead of redoing them; stale runs are redone")
-    parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished with another "
-                                                                "config) or todo")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished or begun "
+                                                                "with another config) or todo")
     args = parser.parse_args(argv)
     try:
         runs = plan(load_grid(args.grid), args.out, args.imports)
@@ -672,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return _dry_run(runs)
         status = Counter(r.status for r in runs)
-        stale = f", {status['stale']} stale (finished with another config: redone)" if status["stale"] else ""
+        stale = f", {status['stale']} stale (finished or begun with another config: redone)" if status["stale"] else ""
         populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"])
                        if isinstance(t, PopulationTask)]
         trained = f"; {sum(len(t.runs) for t in populations)} to train in {len(populations)} population" \

@@ -125,6 +125,25 @@ def test_changed_probe_settings_make_a_finished_run_stale(tmp_path, capsys):
     assert _dry_run(capsys, grid, out) == ["done"]
 
 
+def test_a_run_begun_with_another_config_is_redone_not_resumed(tmp_path, capsys):
+    # A stale run stopped after its DONE.json was cleared but before its files were replaced (a Ctrl-C in the worker's
+    # start-up) holds the old config.yaml and a finished summary.json: it stays stale, and --resume redoes it with
+    # the new config instead of keeping the old results under the new config's DONE.json.
+    out = tmp_path / "runs"
+    base = DQN + "grids: [{act: [relu], steps: [300], seed: [0], probe: [sparsity]"
+    grid = _write(tmp_path / "grid.yml", base + ", probe_every: [100]}]\n")
+    assert main([str(grid), "--out", str(out)]) == 0
+    [run_dir] = _run_dirs(grid, out)
+    (run_dir / "DONE.json").unlink()
+    _write(grid, base + ", probe_every: [150]}]\n")
+    assert _dry_run(capsys, grid, out) == ["stale"]
+    assert main([str(grid), "--out", str(out), "--resume"]) == 0
+    assert "1 runs, 0 already finished, 1 stale" in capsys.readouterr().err
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["probe_every"] == 150
+    assert list(read_run(run_dir / "run.h5").probes["sparsity"]["step"]) == [150, 300]
+    assert json.loads((run_dir / "DONE.json").read_text())["config"]["probe_every"] == 150
+
+
 def test_stream_runs_are_stale_by_the_config_in_done_json(tmp_path, capsys):
     out = tmp_path / "runs"
     base = STREAM + "grids: [{act: [relu]"

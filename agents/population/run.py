@@ -37,7 +37,7 @@ import torch
 import yaml
 
 from agents.allocator import retain_freed_memory
-from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError, get_command
+from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError, get_command, holds_config
 from agents.rl.checkpoint import CheckpointWriteError, write_atomic
 from agents.rl.config import probe_arguments, resolve
 from agents.runlock import RunFolderBusy, run_lock
@@ -129,11 +129,14 @@ def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
 RESULT_FILES = ("summary.json", "q_net.pt")
 
 
-def _finished(dirs: Sequence[Path]) -> list[dict[str, Any]] | None:
+def _finished(dirs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
     """The members' summaries if every one of them holds the summary of a population that ended (status "finished"
-    or "nan"), else None. A population writes them only at its end, after a fresh start or a resume removed them."""
+    or "nan") with its config (``config.yaml``), else None. A population writes them only at its end, after a fresh
+    start or a resume removed them."""
     summaries = []
-    for d in dirs:
+    for d, c in zip(dirs, configs):
+        if not holds_config(d, c):
+            return None
         try:
             summary = json.loads((d / "summary.json").read_text())
         except (OSError, ValueError):
@@ -200,7 +203,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     state = None
     if not resume:
         path.unlink(missing_ok=True)  # a fresh start: an older checkpoint must not be resumed against its logs later
-    elif not path.exists() and (done := _finished(dirs)) is not None:
+    elif not path.exists() and (done := _finished(dirs, configs)) is not None:
         print(f"{path.parent}: the population of {len(members)} finished already ({steps} steps); nothing to resume",
               file=sys.stderr)
         return done

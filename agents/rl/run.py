@@ -26,7 +26,7 @@ from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from agents.allocator import retain_freed_memory
-from agents.commands import OUTPUT_KEYS, RunWriteError
+from agents.commands import OUTPUT_KEYS, RunWriteError, holds_config
 from interference.nets import count_parameters
 from probes import make_probe
 from probes.runlog import RunLogWriteError
@@ -144,12 +144,12 @@ def _start(config: Mapping[str, Any], run_dir: Path, resume: bool) -> tuple[dict
     """Prepare ``run_dir``: ``(checkpoint to resume from or None, summary of a run already finished or None)``.
 
     Without ``resume`` the files of an earlier run are replaced; with it, a checkpoint is continued (the end of the
-    earlier attempt, its model and summary, is removed), a finished run is left as it is, and a run without a
-    checkpoint starts afresh.
+    earlier attempt, its model and summary, is removed), a run finished with this config (its ``config.yaml``) is
+    left as it is, and a run without a checkpoint starts afresh.
     """
     if resume:
         summary = _read_summary(run_dir)
-        if summary is not None and summary.get("status") == "finished":
+        if summary is not None and summary.get("status") == "finished" and holds_config(run_dir, config):
             print(f"{run_dir}: the run finished already ({summary['steps']} steps); nothing to resume", file=sys.stderr)
             _remove_checkpoint(run_dir)
             return None, summary
