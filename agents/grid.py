@@ -54,7 +54,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -284,13 +284,14 @@ _WRITE_FAILED = False
 
 
 @contextmanager
-def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any]] | None]:
+def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any] | None]]:
     """The frame of a task: SIGINT or SIGTERM raise SystemExit(128 + signal) unless the command handles them (RL runs
     stop cleanly, then exit so); plugins loaded, one torch thread; every run folder locked (RunFolderBusy if
-    another process, e.g. an earlier grid's worker, still writes there) and cleared of ``DONE.json`` and
-    ``ERROR.txt``; an error's traceback goes to every run folder's ``ERROR.txt``. Yields None, or, where another
-    process (a second grid on the same folders) finished every run of the task with this config since it was
-    planned, their summaries from ``DONE.json``: the caller then returns them and trains nothing."""
+    another process, e.g. an earlier grid's worker, still writes there). Yields, per run, the summary in its
+    ``DONE.json`` where another process (a second grid on the same folders) finished it with this config since it
+    was planned, else None: the caller keeps those and trains the others, whose folders are cleared of
+    ``DONE.json`` and ``ERROR.txt`` first; an error's traceback goes to their ``ERROR.txt`` (where the disk takes
+    it)."""
     import torch
 
     with handling(STOP_SIGNALS, _stop_run), ExitStack() as locks:
@@ -299,20 +300,22 @@ def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any]] | None]:
         for run in runs:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             locks.enter_context(run_lock(run.run_dir))
-        if all(run.status == "done" for run in runs):  # checked under the locks: no one writes there now
-            yield [json.loads((run.run_dir / DONE).read_text()).get("summary") for run in runs]
-            return
-        for run in runs:
+        # checked under the locks: no one writes there now
+        done = [json.loads((r.run_dir / DONE).read_text()).get("summary") if r.status == "done" else None
+                for r in runs]
+        todo = [r for r, summary in zip(runs, done) if summary is None]
+        for run in todo:
             for name in (DONE, ERROR):  # a stale or failed run is redone
                 (run.run_dir / name).unlink(missing_ok=True)
         try:
-            yield None
+            yield done
         except Exception as err:
-            for run in runs:
-                (run.run_dir / ERROR).write_text(traceback.format_exc())
             if isinstance(err, (RunLogWriteError, RunWriteError)):
                 global _WRITE_FAILED
                 _WRITE_FAILED = True
+            for run in todo:
+                with suppress(OSError):  # (a full disk: the error itself goes on, not this one)
+                    (run.run_dir / ERROR).write_text(traceback.format_exc())
             raise
 
 
@@ -324,9 +327,9 @@ def _mark_done(run: GridRun, summary: Mapping[str, Any]) -> None:
 
 def execute(run: GridRun) -> dict[str, Any]:
     """Run one configuration and mark it finished (see :func:`_writing` for signals and errors)."""
-    with _writing([run]) as finished_meanwhile:
+    with _writing([run]) as [finished_meanwhile]:
         if finished_meanwhile is not None:
-            return finished_meanwhile[0]
+            return finished_meanwhile
         cmd = get_command(run.command)
         summary = cmd.run(run.config, run.run_dir, resume=True) if run.resume else cmd.run(run.config, run.run_dir)
         _mark_done(run, summary)
@@ -334,27 +337,31 @@ def execute(run: GridRun) -> dict[str, Any]:
 
 
 def execute_population(task: PopulationTask) -> list[dict[str, Any]]:
-    """Train a population task's runs as one population and mark each finished; their summaries. An error (or a
-    member config other than the grid's) fails every member, with the traceback in each ``ERROR.txt``."""
+    """Train a population task's runs as one population and mark each finished; their summaries (of runs another
+    grid finished meanwhile, the saved ones: only the others are trained). An error (or a member config other than
+    the grid's) fails every member, with the traceback in each trained one's ``ERROR.txt``."""
     import torch
 
     from agents.population.engine import Member
     from agents.population.run import member_configs, train_population
 
-    with _writing(task.runs) as finished_meanwhile:
-        if finished_meanwhile is not None:
-            return finished_meanwhile
-        members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in task.runs]
-        for run, config in zip(task.runs, member_configs(task.values, members)):
+    with _writing(task.runs) as summaries:
+        todo = [r for r, summary in zip(task.runs, summaries) if summary is None]
+        if not todo:
+            return summaries
+        members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in todo]
+        for run, config in zip(todo, member_configs(task.values, members)):
             if comparable_config(config) != comparable_config(run.config):
                 raise ConfigError(f"{run.run_dir}: the population resolves another config for this member than the "
                                   "grid (a bug in the grouping of agents.grid)")
         device = task.runs[0].config["device"]
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        summaries = train_population(task.values, members, task.out, device=device, resume=task.resume)
-        for run, summary in zip(task.runs, summaries):
-            _mark_done(run, summary)
+        trained = iter(train_population(task.values, members, task.out, device=device, resume=task.resume))
+        for i, run in enumerate(task.runs):
+            if summaries[i] is None:
+                summaries[i] = next(trained)
+                _mark_done(run, summaries[i])
     return summaries
 
 

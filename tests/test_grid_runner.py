@@ -345,3 +345,51 @@ def test_a_population_finished_by_another_grid_since_planning_is_not_redone(tmp_
     summaries = run_task(task)  # this grid's worker, on its plan made before
     assert summaries == [json.loads((r.run_dir / "DONE.json").read_text())["summary"] for r in runs]
     assert files() == first
+
+
+def test_a_population_partly_finished_by_another_grid_trains_only_the_rest(tmp_path):
+    # Another grid finished seed 0 alone since this grid planned seeds 0 and 1 as one population: under the locks
+    # seed 0's results are kept as they are (not cleared and retrained) and only seed 1 is trained.
+    from agents.grid import tasks
+
+    spec = _population_spec(grids=[{"act": ["relu"], "lr": [0.001], "seed": [0, 1], "buffer_size": [100]}])
+    [task] = tasks(plan(spec, tmp_path))
+    other = _population_spec(grids=[{"act": ["relu"], "lr": [0.001], "seed": [0], "buffer_size": [100]}])
+    assert main_grid(other, tmp_path) == 0
+    seed0 = {f: f.stat().st_mtime_ns for f in task.runs[0].run_dir.iterdir() if f.name != ".lock"}
+    summaries = run_task(task)
+    assert {f: f.stat().st_mtime_ns for f in task.runs[0].run_dir.iterdir() if f.name != ".lock"} == seed0
+    assert [json.loads((r.run_dir / "DONE.json").read_text())["summary"] for r in task.runs] == summaries
+    assert summaries[1]["status"] == "finished" and summaries[1]["run_dir"] == str(task.runs[1].run_dir)
+
+
+def main_grid(spec: dict, out: Path) -> int:
+    from agents.grid import run_grid
+
+    return run_grid(plan(spec, out), progress=False).exit_status
+
+
+def test_a_failed_write_stays_the_reason_when_error_txt_cannot_be_written_either(tmp_path, monkeypatch):
+    # A full disk: the run's RunWriteError propagates (not the ENOSPC of writing ERROR.txt) and marks the process as
+    # one whose writes failed, so that no further run starts in it.
+    from agents import grid
+    from agents.commands import RunWriteError, get_command
+
+    [run] = plan(load_grid(_write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu]}]\n")), tmp_path / "runs")
+
+    def full_disk(*args, **kwargs):
+        raise RunWriteError("cannot write run.h5 (No space left on device)")
+
+    write_text = Path.write_text
+
+    def no_space_for_the_error(self, *args, **kwargs):
+        if self.name == "ERROR.txt":
+            raise OSError(28, "No space left on device")
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(get_command("stream-sin"), "run", full_disk)
+    monkeypatch.setattr(Path, "write_text", no_space_for_the_error)
+    monkeypatch.setattr(grid, "_WRITE_FAILED", False)
+    with pytest.raises(RunWriteError, match="cannot write run.h5"):
+        run_task(run)
+    assert grid._WRITE_FAILED

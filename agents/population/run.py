@@ -207,6 +207,9 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         print(f"{path.parent}: the population of {len(members)} finished already ({steps} steps); nothing to resume",
               file=sys.stderr)
         return done
+    elif not path.exists():  # (a population regrouped since its checkpoint, e.g. after a grid's chunks moved)
+        print(f"{path}: no checkpoint to resume from; the population of {len(members)} starts at step 0",
+              file=sys.stderr)
     if resume and path.exists():
         try:
             with open(path, "rb") as f:
