@@ -69,7 +69,7 @@ from probes.runlog import RunLogWriteError
 from .commands import ConfigError, RunWriteError, commands, comparable_config, get_command, read_yaml
 from .population import MEMBER_KEYS
 from .runlock import run_lock
-from .signals import STOP_SIGNALS, handling
+from .signals import RECEIVED, STOP_SIGNALS, handling
 
 __all__ = ["GridRun", "PopulationEngine", "PopulationTask", "WorkerLost", "Outcome", "GridReport", "expand",
            "load_grid", "plan", "tasks", "execute", "execute_population", "run_grid", "main"]
@@ -490,7 +490,10 @@ def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: st
 
     def inline(running: dict[Hashable, Task]) -> list[Outcome]:
         _, task = running.popitem()
+        seen = len(RECEIVED)
         outcomes = _outcomes(task, lambda: run_task(task))
+        if len(RECEIVED) > seen:  # a stop signal the run took while it finished: the grid stops all the same
+            stop.on_signal(RECEIVED[seen])
         if _WRITE_FAILED:  # HDF5 in this process may be left unusable by the failed file: start no more runs here
             stop.broken = True
             bar.write("a run could not write its files (full or failing disk?): no further runs start; re-run the "

@@ -393,3 +393,21 @@ def test_a_failed_write_stays_the_reason_when_error_txt_cannot_be_written_either
     with pytest.raises(RunWriteError, match="cannot write run.h5"):
         run_task(run)
     assert grid._WRITE_FAILED
+
+
+def test_a_stop_signal_a_finishing_run_takes_still_stops_an_in_process_grid(tmp_path, monkeypatch, capsys):
+    # --workers 1: the run's own handler takes a Ctrl-C that comes while it finishes (its last step, its summary)
+    # and the run ends "finished"; the grid must still start no further run and exit 130.
+    from agents.commands import get_command
+    from agents.signals import STOP_SIGNALS, handling
+
+    def finishing(config, run_dir, resume=False):
+        with handling(STOP_SIGNALS, lambda signum, frame: None):  # the run finishes what it is doing
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+        return {"status": "finished"}
+
+    monkeypatch.setattr(get_command("stream-sin"), "run", finishing)
+    grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, tanh]}]\n")
+    assert main([str(grid), "--out", str(tmp_path / "runs"), "--workers", "1"]) == 130
+    assert "grid interrupted by SIGINT: 1 finished, 0 failed, 0 interrupted, 1 not started" in capsys.readouterr().err
