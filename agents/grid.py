@@ -531,14 +531,25 @@ def _drive(work: Sequence[Task], slots: int, start: Callable[[Task], Hashable],
             record(outcome)
 
 
+#: a run's outcome when a worker of the pool died (killed, out of memory): the pool then stops the runs in its other
+#: workers too (SIGTERM: they stop cleanly, checkpointed), and which of them died it does not say
+POOL_BROKEN = ("a worker of the pool died (killed, or out of memory), and the pool stopped the runs in its other "
+               "workers with it; --resume continues each from its last checkpoint")
+
+
 def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_init_worker, initargs=(os.getpid(),)) as pool:
         def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            outcomes = [o for f in done for o in _outcomes(running.pop(f), f.result)]
-            if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
-                stop.broken = True  # a worker died (out of memory?): the pool takes no more runs
+            outcomes = []
+            for f in done:
+                task = running.pop(f)
+                if isinstance(f.exception(), BrokenProcessPool):  # the pool takes no more runs
+                    stop.broken = True
+                    outcomes += [Outcome(run, "failed", POOL_BROKEN) for run in _runs(task)]
+                else:
+                    outcomes += _outcomes(task, f.result)
             return outcomes
 
         _drive(work, workers, lambda task: pool.submit(run_task, task), wait_some, stop, record)

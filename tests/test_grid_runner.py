@@ -411,3 +411,22 @@ def test_a_stop_signal_a_finishing_run_takes_still_stops_an_in_process_grid(tmp_
     grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, tanh]}]\n")
     assert main([str(grid), "--out", str(tmp_path / "runs"), "--workers", "1"]) == 130
     assert "grid interrupted by SIGINT: 1 finished, 0 failed, 0 interrupted, 1 not started" in capsys.readouterr().err
+
+
+@pytest.mark.long  # two spawned workers (~20 s): .ci/run's step of long tests
+def test_a_worker_killed_in_a_pool_is_reported_with_the_way_to_resume(tmp_path):
+    """SIGKILL to one of two workers: the pool breaks and stops the other run too; both are reported with what
+    happened and that --resume continues them, nothing more starts, and the stopped sibling left a checkpoint."""
+    grid = _write(tmp_path / "grid.yml", DQN + "grids: [{act: [relu], steps: [1000000], seed: [0, 1, 2]}]\n")
+    out = tmp_path / "runs"
+    dirs = _run_dirs(grid, out)
+    proc = _grid(grid, out, "--workers", "2", start_new_session=True)
+    _wait_for([d / "run.h5" for d in dirs[:2]], proc)
+    victim = json.loads((dirs[0] / ".lock").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "grid stopped: 0 finished, 2 failed, 0 interrupted, 1 not started" in err, err
+    assert err.count("a worker of the pool died (killed, or out of memory)") >= 2 and "--resume continues" in err
+    assert json.loads((dirs[1] / "summary.json").read_text())["status"] == "interrupted"
+    assert (dirs[1] / "checkpoint.pkl").exists() and not dirs[2].exists()
