@@ -240,7 +240,8 @@ def test_atari_dqn_elephant_with_gradcov_probe(tmp_path):
 
 def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):
     summary = _train(["dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "32", "--steps", "3000",
-                      "--lr", "1e30", "--set", "learning_starts=50", "--out", str(tmp_path)], status=1)
+                      "--lr", "1e30", "--set", "learning_starts=50", "--checkpoint-every", "20", "--out",
+                      str(tmp_path)], status=1)
     assert summary["status"] == "nan" and summary["steps"] < 3000
     from reports.data import run_end
 
@@ -250,6 +251,7 @@ def test_nan_loss_stops_the_run_with_a_message(tmp_path, capsys):
     run = read_run(Path(summary["run_dir"]) / "run.h5")
     assert run.config["learning_rate"] == 1e30
     assert (Path(summary["run_dir"]) / "model.zip").is_file()
+    assert not (Path(summary["run_dir"]) / "checkpoint.pkl").exists()  # the run ended: nothing to resume
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -345,8 +345,8 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
         summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None,
                            next((cb for cb in callbacks if isinstance(cb, EvalCallback)), None))
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        if status == "finished":
-            _remove_checkpoint(run_dir)  # the run is complete: model.zip and the log hold it
+        if status in ("finished", "nan"):  # the run ended (a resumed diverged run would diverge again)
+            _remove_checkpoint(run_dir)  # model.zip and the log hold it
     if status == "interrupted":
         where = (f"; continue it with --resume (checkpoint at step {callbacks[-1].last_step})"
                  if every and callbacks[-1].last_step is not None else "")
