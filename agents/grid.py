@@ -52,7 +52,7 @@ import time
 import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -254,12 +254,25 @@ def _shared_values(entry: Mapping[str, Any]) -> dict[str, Any]:
 ORPHAN_GRACE_S = 10.0
 
 
-def _init_worker(parent: int) -> None:
+#: in a pool worker: the grid's "stopped" event (set on a stop signal), checked before each task starts
+_GRID_STOPPED: Any = None
+
+
+class _NotStarted(Exception):
+    """The grid stopped before a worker began this task: it is left as not started."""
+
+
+def _init_worker(parent: int, stopped: Any) -> None:
     """Pool worker initializer: ignore stop signals between runs (a worker stopped between runs could hold the
     pool's queue lock and hang the others; the pool ends idle workers with a message on that queue, not a signal),
-    and watch the grid process: see :func:`_watch_parent`."""
+    and watch the grid process: see :func:`_watch_parent`. The worker starts with stop signals blocked
+    (:func:`_spawning`): a Ctrl-C during its start-up is dropped here, not a KeyboardInterrupt in its imports; the
+    grid's ``stopped`` event then keeps it from starting a task."""
+    global _GRID_STOPPED
+    _GRID_STOPPED = stopped
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="watch-grid").start()
 
 
@@ -295,6 +308,8 @@ def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any] | None]]:
     import torch
 
     with handling(STOP_SIGNALS, _stop_run), ExitStack() as locks:
+        if _GRID_STOPPED is not None and _GRID_STOPPED.is_set():  # (checked once a signal would stop the run)
+            raise _NotStarted
         load_plugins(runs[0].imports)
         torch.set_num_threads(1)
         for run in runs:
@@ -387,6 +402,7 @@ class _Stop:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.broken = False
+        self.event: Any = None  # a pool's workers' "stopped" event, set with the first signal
 
     def __bool__(self) -> bool:
         return self.signum is not None or self.broken
@@ -394,6 +410,8 @@ class _Stop:
     def on_signal(self, signum: int, frame: Any = None) -> None:
         if self.signum is None:
             self.signum = signum
+        if self.event is not None:
+            self.event.set()
 
 
 @dataclass(frozen=True)
@@ -443,6 +461,8 @@ def _outcomes(task: Task, call: Callable[[], Any]) -> list[Outcome]:
     runs = _runs(task)
     try:
         result = call()
+    except _NotStarted:
+        return []
     except KeyboardInterrupt:
         state, detail = "interrupted", signal.SIGINT
     except SystemExit as err:
@@ -538,8 +558,9 @@ POOL_BROKEN = ("a worker of the pool died (killed, or out of memory), and the po
 
 
 def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
+    stop.event = get_context("spawn").Event()
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=_init_worker, initargs=(os.getpid(),)) as pool:
+                             initializer=_init_worker, initargs=(os.getpid(), stop.event)) as pool:
         def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             outcomes = []
@@ -552,7 +573,22 @@ def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[
                     outcomes += _outcomes(task, f.result)
             return outcomes
 
-        _drive(work, workers, lambda task: pool.submit(run_task, task), wait_some, stop, record)
+        def start(task: Task) -> Future:
+            with _spawning():
+                return pool.submit(run_task, task)
+
+        _drive(work, workers, start, wait_some, stop, record)
+
+
+@contextmanager
+def _spawning() -> Iterator[None]:
+    """Stop signals blocked in this thread while it may spawn pool workers, which inherit the mask and unblock in
+    :func:`_init_worker` once they ignore them (a signal meanwhile stays pending here and arrives after)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class WorkerLost(RuntimeError):

@@ -430,3 +430,19 @@ def test_a_worker_killed_in_a_pool_is_reported_with_the_way_to_resume(tmp_path):
     assert err.count("a worker of the pool died (killed, or out of memory)") >= 2 and "--resume continues" in err
     assert json.loads((dirs[1] / "summary.json").read_text())["status"] == "interrupted"
     assert (dirs[1] / "checkpoint.pkl").exists() and not dirs[2].exists()
+
+
+def test_ctrl_c_while_the_workers_start_up_is_no_traceback_and_no_failure(tmp_path):
+    # Workers inherit blocked stop signals and drop them once they ignore them: a Ctrl-C while they import is not a
+    # KeyboardInterrupt in them (which broke the pool and reported runs that never started as failed).
+    grid = _write(tmp_path / "grid.yml", DQN + "grids: [{act: [relu], steps: [1000000], seed: [0, 1, 2, 3]}]\n")
+    proc = _grid(grid, tmp_path / "runs", "--workers", "2", start_new_session=True)
+    deadline = time.time() + 60
+    while not [p for p in _children(proc.pid) if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_text()]:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "0 failed" in err and "grid interrupted by SIGINT" in err, err
