@@ -89,6 +89,12 @@ class ClassicRow:
     lr_seeds: tuple[int, ...] = ()
     runs: tuple[Run, ...] = field(default=(), repr=False, compare=False)
 
+    @property
+    def selectable_lrs(self) -> tuple[float, ...]:
+        """The learning rates the point was selected among: those with the most usable seeds."""
+        return tuple(lr for lr, k in zip(self.lrs, self.lr_seeds) if k == max(self.lr_seeds)) if self.lr_seeds \
+            else self.lrs
+
 
 def _usable_runs(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
     """The DQN runs with episodes that finished, one per (config, seed) (the first by path); and a warning line
@@ -213,7 +219,7 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
         for label in labels:
             pts = sorted((r.buffer_size, r.mean, r.sem, r.n_seeds) for r in here if _line_label(r) == label)
             x, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
-            n_lrs = min(len(r.lrs) for r in here if _line_label(r) == label)
+            n_lrs = min(len(r.selectable_lrs) for r in here if _line_label(r) == label)
             ax.plot(x, m, marker="o", color=colors[label], label=f"{label} (n={int(n.min())}, {n_lrs} lrs)")
             ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=colors[label], alpha=0.2)
         ax.set_xscale("log")

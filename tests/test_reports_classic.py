@@ -130,7 +130,7 @@ def test_a_learning_rate_whose_runs_were_left_out_in_part_is_tried_but_not_selec
                   n_timesteps=2000, end="finished")
     ((row,), warnings) = classic_table([read_run(p) for p in sorted(tmp_path.glob("*.h5"))])
     assert (row.best_lr, row.mean, row.n_seeds) == (1e-3, -100, 3)
-    assert row.lrs == (3e-4, 1e-3, 3e-3, 1e-2) and row.lr_seeds == (1, 3, 1, 0)
+    assert row.lrs == (3e-4, 1e-3, 3e-3, 1e-2) and row.lr_seeds == (1, 3, 1, 0) and row.selectable_lrs == (1e-3,)
     assert sum("non-finite final return; left out" in w for w in warnings) == 2 and len(warnings) == 7
     assert main([str(tmp_path), "-o", str(tmp_path / "out"), *FEW_REPS]) == 0
     page = (tmp_path / "out" / "index.html").read_text()
