@@ -76,6 +76,8 @@ __all__ = ["GridRun", "PopulationEngine", "PopulationTask", "WorkerLost", "Outco
 
 DONE = "DONE.json"
 ERROR = "ERROR.txt"
+
+
 @dataclass(frozen=True)
 class PopulationEngine:
     """A grid's ``engine: population``: its runs train as members of populations (at most ``size`` members each;
@@ -723,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return _dry_run(runs)
         status = Counter(r.status for r in runs)
-        stale = f", {status['stale']} stale (finished or begun with another config: redone)" if status["stale"] else ""
+        stale = f", {status['stale']} stale (finished or begun with another config: redone)" \
+            if status["stale"] else ""
         populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"])
                        if isinstance(t, PopulationTask)]
         trained = f"; {sum(len(t.runs) for t in populations)} to train in {len(populations)} population" \

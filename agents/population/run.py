@@ -176,12 +176,12 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
 
     Every ``checkpoint_every`` steps (default: the config's ``checkpoint_every``, else a tenth of the run; 0: never)
     the whole population (networks, optimiser states, buffers, envs, generators, episodes) and its logs' record
-    counts go to one atomic pickle; ``resume`` continues from it as if the run had not stopped (the logs cut back to the checkpoint's records).
-    SIGINT or SIGTERM stop it after the current step with a checkpoint of that step (``run_end`` "interrupted" in
-    the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns non-finite ends there as a
-    diverged run does (``run_end`` "nan", summary status "nan"; at the step of that update, where a single run's
-    callbacks stop it one env step later and log that step too); the others go on. An unreadable checkpoint is a
-    ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone, every member's
+    counts go to one atomic pickle; ``resume`` continues from it as if the run had not stopped (the logs cut back to
+    the checkpoint's records). SIGINT or SIGTERM stop it after the current step with a checkpoint of that step
+    (``run_end`` "interrupted" in the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns
+    non-finite ends there as a diverged run does (``run_end`` "nan", summary status "nan"; at the step of that
+    update, where a single run's callbacks stop it one env step later and log that step too); the others go on. An
+    unreadable checkpoint is a ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone, every member's
     ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk) of a checkpoint
     or a log stops the population: the members' logs end with ``run_end`` "write_error" where the disk still takes
     it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`,
