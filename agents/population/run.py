@@ -181,10 +181,10 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     (``run_end`` "interrupted" in the logs), then raise ``SystemExit(128 + signal)``. A member whose TD loss turns
     non-finite ends there as a diverged run does (``run_end`` "nan", summary status "nan"; at the step of that
     update, where a single run's callbacks stop it one env step later and log that step too); the others go on. An
-    unreadable checkpoint is a ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone, every member's
-    ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk) of a checkpoint
-    or a log stops the population: the members' logs end with ``run_end`` "write_error" where the disk still takes
-    it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`,
+    unreadable checkpoint is a ConfigError naming it; ``resume`` on a population that ended (its checkpoint gone,
+    every member's ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk)
+    of a checkpoint or a log stops the population: the members' logs end with ``run_end`` "write_error" where the
+    disk still takes it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`,
     :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds the members' run locks
     (:func:`member_dirs`). Sets the process's allocator for training (:func:`agents.allocator.retain_freed_memory`)."""
     retain_freed_memory()
