@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.population.engine import COMPILE_FROM, Member, Population, member_q_net
+from agents.population.engine import COMPILE_FROM, Draws, Member, Population, member_q_net
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
@@ -62,9 +62,9 @@ class Injected:
     def action(self, m):
         return self.d[m]["actions"].pop(0)
 
-    def indices(self, m, size, k):
-        idx = self.d[m]["indices"].pop(0)
-        assert idx.max() < size and len(idx) == k
+    def all_indices(self, sizes, k):
+        idx = np.stack([d["indices"].pop(0) for d in self.d])
+        assert (idx.max(1) < sizes).all() and idx.shape[1] == k
         return idx
 
 
@@ -123,6 +123,22 @@ def test_the_batched_network_is_the_loop_in_float64(act, impl):
         for name in slow:
             assert torch.allclose(fast[name], slow[name], atol=1e-9, rtol=0), (m, name)
     assert pops[impl].episodes == pops["loop"].episodes
+
+
+def test_each_members_draws_come_from_its_own_generator_and_stay_in_range():
+    """Draws' replay indices and actions (``floor(u * n)`` of one uniform per call): row ``m`` is what member ``m``'s
+    generator alone gives (another member set leaves it unchanged), in ``[0, size)`` down to size 1, and uniform."""
+    sizes = np.array([1, 2, 3, 10_000])
+    draws = Draws([5, 6, 7, 8], n_actions=3)
+    idx = np.concatenate([draws.all_indices(sizes, 32) for _ in range(300)], axis=1)
+    assert idx.dtype == np.int64 and (idx >= 0).all() and (idx < sizes[:, None]).all()
+    assert (idx[0] == 0).all() and set(idx[2]) == {0, 1, 2}
+    counts = np.bincount(idx[2], minlength=3) / idx.shape[1]
+    assert np.abs(counts - 1 / 3).max() < 0.02  # 9,600 draws: 5 standard deviations
+    alone = Draws([7], n_actions=3)
+    assert np.array_equal(np.concatenate([alone.all_indices(sizes[2:3], 32) for _ in range(300)], axis=1)[0], idx[2])
+    actions = [draws.action(0) for _ in range(3000)]
+    assert set(actions) == {0, 1, 2} and abs(actions.count(0) / 3000 - 1 / 3) < 0.05
 
 
 def test_bad_settings_are_refused():
