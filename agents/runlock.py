@@ -49,10 +49,15 @@ def _describe(info: dict) -> str:
             f"{age:.0f} s ago)")
 
 
+#: the lock file's JSON is padded with spaces to at least this many bytes, so that a rewrite (the heartbeat) replaces
+#: it in one write of one page and a reader never sees it empty or cut (truncating first left it empty meanwhile)
+LOCK_BYTES = 1024
+
+
 def _write(fd: int, info: dict) -> None:
-    data = json.dumps(info).encode()
-    os.ftruncate(fd, 0)
+    data = json.dumps(info).encode().ljust(LOCK_BYTES)
     os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))  # (only a longer earlier record leaves bytes to cut: the file is never empty)
 
 
 @contextlib.contextmanager

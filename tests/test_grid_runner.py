@@ -242,6 +242,33 @@ def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path):
         pass
 
 
+def test_a_lock_files_heartbeat_never_shows_a_reader_an_empty_or_cut_record(tmp_path):
+    """Another host reads the lock file to see whether it is held (NFS may not pass flock): a rewrite must not show it
+    ``{}`` or half a record, which read as "not held" (the heartbeat truncated the file, then wrote)."""
+    import threading
+
+    from agents.runlock import _read, _write
+
+    fd = os.open(tmp_path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    _write(fd, {"host": "h" * 300, "pid": 1, "heartbeat": 0.0})  # a longer record first: later ones are shorter
+    done, seen = threading.Event(), []
+
+    def read() -> None:
+        reader = os.open(tmp_path / ".lock", os.O_RDONLY)
+        while not done.is_set():
+            seen.append(_read(reader).get("host"))
+        os.close(reader)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    for i in range(20_000):
+        _write(fd, {"host": "node", "pid": 2, "heartbeat": float(i)})
+    done.set()
+    thread.join()
+    os.close(fd)
+    assert len(seen) > 100 and None not in seen
+
+
 def _population_spec(**extra) -> dict:
     return {"command": "dqn", "engine": "population",
             "fixed": {"env": "MountainCar-v0", "hidden": 16, "steps": 600, "progress": False,
