@@ -336,10 +336,15 @@ def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any] | None]]:
             raise
 
 
-def _mark_done(run: GridRun, summary: Mapping[str, Any]) -> None:
-    tmp = run.run_dir / (DONE + ".tmp")
-    tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
-    tmp.replace(run.run_dir / DONE)
+def _mark_done(runs: Sequence[GridRun], summaries: Sequence[Mapping[str, Any]]) -> None:
+    """Write each finished run's ``DONE.json``. A stop signal meanwhile is recorded (:data:`agents.signals.RECEIVED`:
+    an in-process grid stops after this task) but does not cut the writing short: the runs are finished, and are
+    reported and marked so (it made a finished run "interrupted", maybe without its DONE.json)."""
+    with handling(STOP_SIGNALS, lambda signum, frame: None):
+        for run, summary in zip(runs, summaries, strict=True):
+            tmp = run.run_dir / (DONE + ".tmp")
+            tmp.write_text(json.dumps({"config": run.config, "summary": summary}, indent=1, default=str))
+            tmp.replace(run.run_dir / DONE)
 
 
 def execute(run: GridRun) -> dict[str, Any]:
@@ -349,7 +354,7 @@ def execute(run: GridRun) -> dict[str, Any]:
             return finished_meanwhile
         cmd = get_command(run.command)
         summary = cmd.run(run.config, run.run_dir, resume=True) if run.resume else cmd.run(run.config, run.run_dir)
-        _mark_done(run, summary)
+        _mark_done([run], [summary])
     return summary
 
 
@@ -374,11 +379,10 @@ def execute_population(task: PopulationTask) -> list[dict[str, Any]]:
         device = task.runs[0].config["device"]
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        trained = iter(train_population(task.values, members, task.out, device=device, resume=task.resume))
-        for i, run in enumerate(task.runs):
-            if summaries[i] is None:
-                summaries[i] = next(trained)
-                _mark_done(run, summaries[i])
+        trained = train_population(task.values, members, task.out, device=device, resume=task.resume)
+        _mark_done(todo, trained)
+        fresh = iter(trained)
+        summaries = [next(fresh) if summary is None else summary for summary in summaries]
     return summaries
 
 

@@ -440,6 +440,35 @@ def test_a_stop_signal_a_finishing_run_takes_still_stops_an_in_process_grid(tmp_
     assert "grid interrupted by SIGINT: 1 finished, 0 failed, 0 interrupted, 1 not started" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("population", [False, True])
+def test_a_stop_signal_while_finished_runs_are_marked_done_leaves_them_finished(tmp_path, monkeypatch, capsys,
+                                                                              population):
+    # SIGTERM while DONE.json is written (the run or population has returned its summaries): every run is marked
+    # and reported finished, and the in-process grid starts nothing more (it reported them interrupted, some
+    # without DONE.json, so --resume redid finished runs).
+    from agents import grid
+
+    spec = _population_spec(grids=[{"act": ["relu"], "lr": [0.001], "seed": [0, 1], "buffer_size": [100]},
+                                   {"act": ["elephant"], "lr": [0.001], "seed": [0], "buffer_size": [100]}])
+    if not population:
+        spec = {k: v for k, v in spec.items() if k != "engine"}
+    runs = plan(spec, tmp_path)
+    replace = Path.replace
+
+    def signalled(self, target):
+        if self.name == "DONE.json.tmp" and not any(r.run_dir.joinpath("DONE.json").exists() for r in runs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+        return replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", signalled)
+    report = grid.run_grid(runs, workers=1, progress=False)
+    finished = 2 if population else 1
+    assert [o.state for o in report.outcomes] == ["finished"] * finished and report.not_started == 3 - finished
+    assert report.stop_signal == signal.SIGTERM
+    assert [r.run_dir.joinpath("DONE.json").exists() for r in runs] == [True] * finished + [False] * (3 - finished)
+
+
 @pytest.mark.long  # two spawned workers (~20 s): .ci/run's step of long tests
 def test_a_worker_killed_in_a_pool_is_reported_with_the_way_to_resume(tmp_path):
     """SIGKILL to one of two workers: the pool breaks and stops the other run too; both are reported with what
