@@ -503,6 +503,7 @@ def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: st
     stop = _Stop()
     outcomes: list[Outcome] = []
     bar = tqdm(total=len(todo), desc="runs", disable=not progress)
+    began = time.time() - 1.0  # (a file system's coarse timestamps)
 
     def record(outcome: Outcome) -> None:
         outcomes.append(outcome)
@@ -510,9 +511,10 @@ def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: st
         if outcome.state == "interrupted":
             stop.on_signal(outcome.detail)
         elif outcome.state == "failed":
-            where = outcome.run.run_dir / ERROR
+            where = outcome.run.run_dir / ERROR  # (only this grid's: a busy folder keeps an older failure's)
+            fresh = where.exists() and where.stat().st_mtime >= began
             bar.write(f"run failed: {outcome.run.run_dir}: {outcome.detail}"
-                      + (f" (traceback in {where})" if where.exists() else ""), file=sys.stderr)
+                      + (f" (traceback in {where})" if fresh else ""), file=sys.stderr)
 
     def inline(running: dict[Hashable, Task]) -> list[Outcome]:
         _, task = running.popitem()

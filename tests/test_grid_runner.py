@@ -213,9 +213,10 @@ def test_workers_do_not_outlive_a_sigkilled_grid(tmp_path):
         assert not (d / "DONE.json").exists()
 
 
-def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path):
+def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path, capsys):
     """A re-run while an earlier grid's worker still writes into a run folder: that run fails with a message naming
-    the holder, nothing in the folder is touched, and the others go on."""
+    the holder, nothing in the folder is touched (an older failure's ERROR.txt is not pointed at as this one's
+    traceback), and the others go on."""
     from agents.grid import execute, run_grid
     from agents.runlock import run_lock
 
@@ -224,6 +225,8 @@ def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path):
     held = runs[0].run_dir
     held.mkdir(parents=True)
     (held / "DONE.json").write_text("{}")  # an earlier result that must survive
+    (held / "ERROR.txt").write_text("an older failure")
+    os.utime(held / "ERROR.txt", (time.time() - 3600, time.time() - 3600))
     child = subprocess.Popen([sys.executable, "-c", "import sys, time; from agents.runlock import run_lock\n"
                               "with run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", str(held)],
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
@@ -235,6 +238,9 @@ def test_a_grid_run_refuses_a_folder_another_process_holds(tmp_path):
         report = run_grid(runs, progress=False)
         assert [o.state for o in report.outcomes] == ["failed", "finished"]
         assert "in use by pid" in report.outcomes[0].detail
+        err = capsys.readouterr().err
+        assert f"run failed: {held}" in err and "traceback in" not in err
+        assert (held / "ERROR.txt").read_text() == "an older failure"
     finally:
         child.kill()
         child.wait()
