@@ -220,15 +220,24 @@ def _runs(task: Task) -> tuple[GridRun, ...]:
 
 def tasks(runs: Sequence[GridRun]) -> list[Task]:
     """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in
-    :data:`MEMBER_KEYS` form population tasks (of at most ``population_size`` members), any other run is a task."""
-    out: list[GridRun | list[GridRun]] = []
+    :data:`MEMBER_KEYS` form population tasks (of at most ``population_size`` members), any other run is a task.
+    Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
+    are now), so that no checkpoint is left behind."""
+
+    def shared(run: GridRun) -> str:
+        return json.dumps({k: v for k, v in run.config.items() if k not in (*MEMBER_KEYS, "derived")}, sort_keys=True,
+                          default=str)
+
+    out: list[GridRun | list[GridRun]] = _checkpointed(runs, shared)
+    claimed = {r.run_dir for group in out for r in group}
     open_groups: dict[str, list[GridRun]] = {}
     for run in runs:
+        if run.run_dir in claimed:
+            continue
         if run.population is None:
             out.append(run)
             continue
-        key = json.dumps({k: v for k, v in run.config.items() if k not in (*MEMBER_KEYS, "derived")}, sort_keys=True,
-                         default=str)
+        key = shared(run)
         group = open_groups.get(key)
         if group is None or len(group) == run.population.size:
             group = open_groups[key] = []
@@ -236,6 +245,24 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
         group.append(run)
     return [t if isinstance(t, GridRun) else
             PopulationTask(tuple(t), _shared_values(t[0].entry), t[0].population.out) for t in out]
+
+
+def _checkpointed(runs: Sequence[GridRun], shared: Callable[[GridRun], str]) -> list[list[GridRun]]:
+    """The populations of resumed runs that have a checkpoint (:func:`agents.population.checkpointed_groups`), as
+    their checkpoints hold them: every member among ``runs``, resumed, sharing the rest of the config, in the
+    checkpoint's order (which makes its key), each run in one group (the newest checkpoint's)."""
+    from agents.population import checkpointed_groups
+
+    resumed = {r.run_dir: r for r in runs if r.population is not None and r.resume}
+    groups: list[list[GridRun]] = []
+    taken: set[Path] = set()
+    for out in {r.population.out for r in resumed.values()}:
+        for dirs in checkpointed_groups(out):
+            members = [resumed.get(d) for d in dirs]
+            if all(members) and not taken & set(dirs) and len({shared(m) for m in members}) == 1:
+                groups.append(members)
+                taken |= set(dirs)
+    return groups
 
 
 def _shared_values(entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -303,6 +304,46 @@ def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffe
         assert member_configs(t.values, members) == [r.config for r in t.runs]
     assert not any(t.resume for t in work)
     assert [len(t.runs) for t in tasks(plan(_population_spec(), tmp_path))] == [4, 4]  # no population_size: all
+
+
+def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tmp_path, monkeypatch, capsys):
+    # A population of seeds 0 and 1 stops with a checkpoint (a full disk at its results); the grid is then extended
+    # with seed 2 listed first, so its chunks of 2 are now (2, 0) and (1): --resume must still continue (0, 1) from
+    # their checkpoint (it started both anew, the checkpoint orphaned) and train 2 alone.
+    import torch
+
+    from agents import grid
+    from agents.grid import run_grid, tasks
+
+    def spec(seeds: list[int]) -> Path:
+        s = _population_spec(population_size=2, grids=[{"act": ["relu"], "lr": [0.001], "seed": seeds,
+                                                        "buffer_size": [100]}])
+        s["fixed"]["set"] = [*s["fixed"]["set"], "checkpoint_every=200"]
+        return _write(tmp_path / "grid.yml", yaml.safe_dump(s))
+
+    save = torch.save
+
+    def no_space_for_results(obj, f, *args, **kwargs):
+        if str(f).endswith("q_net.pt"):
+            raise OSError(28, "No space left on device")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", no_space_for_results)
+    out = tmp_path / "runs"
+    monkeypatch.setattr(grid, "_WRITE_FAILED", False)
+    report = run_grid(plan(load_grid(spec([0, 1])), out), workers=1, progress=False)
+    assert [o.state for o in report.outcomes] == ["failed"] * 2, report.summary()
+    monkeypatch.setattr(torch, "save", save)
+    [checkpoint] = (out / "populations").glob("*.pkl")
+    resumed = [replace(r, resume=True) for r in plan(load_grid(spec([2, 0, 1])), out)]
+    assert [[r.config["seed"] for r in t.runs] for t in tasks(resumed)] == [[0, 1], [2]]
+    assert [[r.config["seed"] for r in t.runs] for t in tasks(plan(load_grid(spec([2, 0, 1])), out))] == [[2, 0], [1]]
+    capsys.readouterr()
+    assert main([str(spec([2, 0, 1])), "--out", str(out), "--workers", "1", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"{checkpoint}: resuming the population of 2 at step 400" in err, err
+    assert "starts at step 0" in err and "population of 1" in err  # seed 2, which had none
+    assert not list((out / "populations").iterdir())  # both finished: checkpoints and member lists gone
 
 
 @pytest.mark.parametrize("change, message", [

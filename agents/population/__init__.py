@@ -7,6 +7,40 @@
 * :mod:`agents.population.bench`: aggregate env steps/s against SB3's DQN, with the time split.
 """
 
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
 #: what population members may differ in (dqn config keys; the fields of :class:`agents.population.engine.Member`, in
 #: order); declared here so that the grid runner reads it without importing the engine
 MEMBER_KEYS = ("seed", "learning_rate", "buffer_size")
+
+
+def members_file(checkpoint: Path) -> Path:
+    """The file beside a population checkpoint (``OUT/populations/<key>.pkl``) that lists its members' run folders."""
+    return checkpoint.with_suffix(".members.json")
+
+
+def record_members(checkpoint: Path, dirs: Sequence[Path], out: Path) -> None:
+    """List the members' run folders (relative to ``out``, in member order) beside ``checkpoint``, atomically."""
+    tmp = members_file(checkpoint).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"members": [Path(d).relative_to(out).as_posix() for d in dirs]}))
+    os.replace(tmp, members_file(checkpoint))
+
+
+def checkpointed_groups(out: Path) -> list[list[Path]]:
+    """The member run folders of each population under ``out`` that has a checkpoint, newest checkpoint first: the
+    grid runner groups ``--resume`` tasks by them, so that a population continues its checkpoint even where the
+    grid's chunks have moved since (a seed or learning rate added, a run finished elsewhere)."""
+    groups = []
+    for listing in (Path(out) / "populations").glob("*.members.json"):
+        checkpoint = listing.with_name(listing.name.removesuffix(".members.json") + ".pkl")
+        try:
+            groups.append((checkpoint.stat().st_mtime, [Path(out) / d for d in json.loads(listing.read_text())
+                                                        ["members"]]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # no checkpoint (finished or never written) or an unreadable list: the grid's own chunks
+    return [dirs for _, dirs in sorted(groups, key=lambda g: -g[0])]

@@ -8,9 +8,9 @@ resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml
 so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
 lengths, the TD loss and learning rate (as a single run's: the first update, every hundredth of the run, the last);
 the run log's ``engine`` attribute says ``population:<implementation>``; the member's final Q-network is
-``q_net.pt`` (its ``state_dict``). Probes
-(``--set probe=[gradcov]`` ...) run per member on its own network and replay buffer, into its log, as in a single
-run. The population checkpoints to ``OUT/populations/<key>.pkl`` and ``--resume`` continues it exactly.
+``q_net.pt`` (its ``state_dict``). Probes (``--set probe=[gradcov]`` ...) run per member on its own network and
+replay buffer, into its log, as in a single run. The population checkpoints to ``OUT/populations/<key>.pkl`` (its
+members' folders listed in ``<key>.members.json``) and ``--resume`` continues it exactly.
 
 As ``agents.train``, it holds every member folder's run lock (exit status 3 if another process writes into one) and
 stops with exit status 4 and a one-line reason when a log or checkpoint cannot be written (full disk).
@@ -47,7 +47,7 @@ from probes import ProbeContext, ProbeRunner, make_probe
 from probes.runlog import RunLogWriteError
 from probes.sb3 import SCALARS
 
-from . import MEMBER_KEYS
+from . import MEMBER_KEYS, members_file, record_members
 from .engine import Member, Population, member_q_net
 
 __all__ = ["member_configs", "member_dirs", "train_population", "main"]
@@ -203,6 +203,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     state = None
     if not resume:
         path.unlink(missing_ok=True)  # a fresh start: an older checkpoint must not be resumed against its logs later
+        members_file(path).unlink(missing_ok=True)
     elif not path.exists() and (done := _finished(dirs, configs)) is not None:
         print(f"{path.parent}: the population of {len(members)} finished already ({steps} steps); nothing to resume",
               file=sys.stderr)
@@ -220,6 +221,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
               file=sys.stderr)
     _clear(dirs, fresh=state is None)
+    record_members(path, dirs, Path(out))  # (for the grid runner: which runs this checkpoint, once written, holds)
     pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
     seen = state["seen"] if state else [0] * len(members)
     logs = []
@@ -291,6 +293,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         (d / "summary.json").write_text(json.dumps(summary, indent=1))
         summaries.append(summary)
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
+    members_file(path).unlink(missing_ok=True)
     return summaries
 
 
