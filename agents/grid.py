@@ -222,7 +222,7 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
     """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in
     :data:`MEMBER_KEYS` form population tasks (of at most ``population_size`` members), any other run is a task.
     Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
-    are now), so that no checkpoint is left behind."""
+    are now): a checkpoint all of whose members are still to do is resumed, not orphaned."""
 
     def shared(run: GridRun) -> str:
         return json.dumps({k: v for k, v in run.config.items() if k not in (*MEMBER_KEYS, "derived")}, sort_keys=True,
@@ -250,7 +250,9 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
 def _checkpointed(runs: Sequence[GridRun], shared: Callable[[GridRun], str]) -> list[list[GridRun]]:
     """The populations of resumed runs that have a checkpoint (:func:`agents.population.checkpointed_groups`), as
     their checkpoints hold them: every member among ``runs``, resumed, sharing the rest of the config, in the
-    checkpoint's order (which makes its key), each run in one group (the newest checkpoint's)."""
+    checkpoint's order (which makes its key), even beyond ``population_size``. A run belongs to the newest checkpoint
+    that lists it: where that one cannot be resumed (another member finished or left the grid), no older one is
+    resumed over its log either, and the run starts afresh in the grid's own chunks."""
     from agents.population import checkpointed_groups
 
     resumed = {r.run_dir: r for r in runs if r.population is not None and r.resume}
@@ -261,7 +263,7 @@ def _checkpointed(runs: Sequence[GridRun], shared: Callable[[GridRun], str]) -> 
             members = [resumed.get(d) for d in dirs]
             if all(members) and not taken & set(dirs) and len({shared(m) for m in members}) == 1:
                 groups.append(members)
-                taken |= set(dirs)
+            taken |= set(dirs)
     return groups
 
 
@@ -539,7 +541,10 @@ def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: st
             stop.on_signal(outcome.detail)
         elif outcome.state == "failed":
             where = outcome.run.run_dir / ERROR  # (only this grid's: a busy folder keeps an older failure's)
-            fresh = where.exists() and where.stat().st_mtime >= began
+            try:
+                fresh = where.stat().st_mtime >= began
+            except OSError:  # (none, or another grid on the same folders removed it just now)
+                fresh = False
             bar.write(f"run failed: {outcome.run.run_dir}: {outcome.detail}"
                       + (f" (traceback in {where})" if fresh else ""), file=sys.stderr)
 

@@ -346,6 +346,25 @@ def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tm
     assert not list((out / "populations").iterdir())  # both finished: checkpoints and member lists gone
 
 
+def test_a_run_belongs_to_the_newest_checkpoint_that_lists_it(tmp_path):
+    # Checkpoint A holds seeds (0, 1), a newer B holds (1, 2), and seed 2 is no longer in the grid: B cannot be
+    # resumed, and A must not be resumed over seed 1's folder, whose log is B's; both start in the grid's chunks.
+    from agents.grid import tasks
+    from agents.population import record_members
+
+    spec = _population_spec(population_size=1, grids=[{"act": ["relu"], "lr": [0.001], "seed": [0, 1, 2],
+                                                       "buffer_size": [100]}])
+    runs = [replace(r, resume=True) for r in plan(spec, tmp_path)]
+    (tmp_path / "populations").mkdir()
+    for name, seeds, age in (("a", (0, 1), 60), ("b", (1, 2), 30)):
+        checkpoint = tmp_path / "populations" / f"{name}.pkl"
+        checkpoint.write_bytes(b"")
+        record_members(checkpoint, [runs[s].run_dir for s in seeds], tmp_path)
+        os.utime(checkpoint, (time.time() - age, time.time() - age))
+    assert [[r.config["seed"] for r in t.runs] for t in tasks(runs)] == [[1, 2], [0]]  # B, when 2 is in the grid
+    assert [[r.config["seed"] for r in t.runs] for t in tasks(runs[:2])] == [[0], [1]]
+
+
 @pytest.mark.parametrize("change, message", [
     ({"command": "ppo", "fixed": {"env": "CartPole-v1"}}, "engine: population trains dqn runs only, not ppo"),
     ({"engine": "fast"}, "unknown engine 'fast'"),

@@ -399,6 +399,36 @@ def test_a_population_stays_resumable_until_its_results_are_written_and_finishes
     assert (dirs[0] / "q_net.pt").stat().st_size < 2 * sum(4 * w.numel() for w in weights.values()) + 4096
 
 
+def test_a_checkpoint_older_than_a_fresh_start_in_a_member_folder_is_not_resumed(tmp_path, monkeypatch, capsys):
+    """Population (0, 1) stops with a checkpoint; population (2, 0) then starts afresh in seed 0's folder (a grid
+    re-chunked and run without --resume). Resuming (0, 1) must not continue the old checkpoint over seed 0's new log:
+    it is stale, removed, and (0, 1) start at step 0."""
+    from agents.population.run import _checkpoint_path, member_configs, train_population
+
+    values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
+              "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
+    first = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in (0, 1)]
+    path = _checkpoint_path(tmp_path, member_configs(values, first))
+    save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if str(f).endswith("q_net.pt"):
+            raise OSError(28, "No space left on device")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError):
+        train_population(values, first, tmp_path, implementation="batched", checkpoint_every=100)
+    monkeypatch.setattr(torch, "save", save)
+    assert path.exists()
+    train_population(values, [Member(2, 1e-3, 300), first[0]], tmp_path, implementation="batched")
+    capsys.readouterr()
+    done = train_population(values, first, tmp_path, implementation="batched", resume=True)
+    err = capsys.readouterr().err
+    assert "the checkpoint is stale and removed, the population of 2 starts at step 0" in err, err
+    assert "resuming" not in err and [s["status"] for s in done] == ["finished"] * 2 and not path.exists()
+
+
 @pytest.mark.parametrize("setting, expected", [([], [40, 80, 120, 160, 200, 240, 280, 320, 360]),
                                               (["checkpoint_every=150"], [150, 300]), (["checkpoint_every=0"], [])])
 def test_a_population_checkpoints_at_its_configs_interval(tmp_path, monkeypatch, setting, expected):

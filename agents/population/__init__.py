@@ -27,20 +27,41 @@ def members_file(checkpoint: Path) -> Path:
 def record_members(checkpoint: Path, dirs: Sequence[Path], out: Path) -> None:
     """List the members' run folders (relative to ``out``, in member order) beside ``checkpoint``, atomically."""
     tmp = members_file(checkpoint).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"members": [Path(d).relative_to(out).as_posix() for d in dirs]}))
-    os.replace(tmp, members_file(checkpoint))
+    try:
+        tmp.write_text(json.dumps({"members": [Path(d).relative_to(out).as_posix() for d in dirs]}))
+        os.replace(tmp, members_file(checkpoint))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def checkpointed_groups(out: Path) -> list[list[Path]]:
     """The member run folders of each population under ``out`` that has a checkpoint, newest checkpoint first: the
     grid runner groups ``--resume`` tasks by them, so that a population continues its checkpoint even where the
-    grid's chunks have moved since (a seed or learning rate added, a run finished elsewhere)."""
+    grid's chunks have moved since (a seed or learning rate added, a run finished elsewhere); stale ones
+    (:func:`restarted_since`) are left out."""
     groups = []
     for listing in (Path(out) / "populations").glob("*.members.json"):
         checkpoint = listing.with_name(listing.name.removesuffix(".members.json") + ".pkl")
         try:
-            groups.append((checkpoint.stat().st_mtime, [Path(out) / d for d in json.loads(listing.read_text())
-                                                        ["members"]]))
+            written = checkpoint.stat().st_mtime
+            dirs = [Path(out) / d for d in json.loads(listing.read_text())["members"]]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # no checkpoint (finished or never written) or an unreadable list: the grid's own chunks
+        if restarted_since(checkpoint, dirs) is None:
+            groups.append((written, dirs))
     return [dirs for _, dirs in sorted(groups, key=lambda g: -g[0])]
+
+
+def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
+    """The first member folder in which a run started afresh after ``checkpoint`` was written (its ``config.yaml``,
+    which only a fresh start writes, population or single run, is newer), else None: such a checkpoint is stale,
+    its members' logs are another run's."""
+    written = checkpoint.stat().st_mtime
+    for d in dirs:
+        try:
+            if (Path(d) / "config.yaml").stat().st_mtime > written:
+                return Path(d)
+        except OSError:
+            continue
+    return None

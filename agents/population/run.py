@@ -47,7 +47,7 @@ from probes import ProbeContext, ProbeRunner, make_probe
 from probes.runlog import RunLogWriteError
 from probes.sb3 import SCALARS
 
-from . import MEMBER_KEYS, members_file, record_members
+from . import MEMBER_KEYS, members_file, record_members, restarted_since
 from .engine import Member, Population, member_q_net
 
 __all__ = ["member_configs", "member_dirs", "train_population", "main"]
@@ -211,6 +211,11 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     elif not path.exists():  # (a population regrouped since its checkpoint, e.g. after a grid's chunks moved)
         print(f"{path}: no checkpoint to resume from; the population of {len(members)} starts at step 0",
               file=sys.stderr)
+    elif (restarted := restarted_since(path, dirs)) is not None:  # its logs are not this checkpoint's any more
+        print(f"{path}: a run started afresh in {restarted} after this checkpoint was written; the checkpoint is "
+              f"stale and removed, the population of {len(members)} starts at step 0", file=sys.stderr)
+        path.unlink()
+        members_file(path).unlink(missing_ok=True)
     if resume and path.exists():
         try:
             with open(path, "rb") as f:
