@@ -13,3 +13,18 @@ def _sb3_logdir(tmp_path_factory: pytest.TempPathFactory):
     patch.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
     yield
     patch.undo()
+
+
+@pytest.fixture
+def full_disk_at_results(monkeypatch: pytest.MonkeyPatch):
+    """``torch.save`` of a population member's ``q_net.pt`` fails with ENOSPC (its checkpoint, written before, stays:
+    a population stopped there resumes); call the returned function to free the space."""
+    save = torch.save
+
+    def no_space(obj, f, *args, **kwargs):
+        if str(f).endswith("q_net.pt"):
+            raise OSError(28, "No space left on device")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", no_space)
+    return lambda: monkeypatch.setattr(torch, "save", save)

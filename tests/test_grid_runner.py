@@ -306,14 +306,15 @@ def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffe
     assert [len(t.runs) for t in tasks(plan(_population_spec(), tmp_path))] == [4, 4]  # no population_size: all
 
 
-def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tmp_path, monkeypatch, capsys):
+def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tmp_path, monkeypatch, capsys,
+                                                                            full_disk_at_results):
     # A population of seeds 0 and 1 stops with a checkpoint (a full disk at its results); the grid is then extended
     # with seed 2 listed first, so its chunks of 2 are now (2, 0) and (1): --resume must still continue (0, 1) from
     # their checkpoint (it started both anew, the checkpoint orphaned) and train 2 alone.
-    import torch
-
     from agents import grid
     from agents.grid import run_grid, tasks
+
+    free_space = full_disk_at_results
 
     def spec(seeds: list[int]) -> Path:
         s = _population_spec(population_size=2, grids=[{"act": ["relu"], "lr": [0.001], "seed": seeds,
@@ -321,19 +322,11 @@ def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tm
         s["fixed"]["set"] = [*s["fixed"]["set"], "checkpoint_every=200"]
         return _write(tmp_path / "grid.yml", yaml.safe_dump(s))
 
-    save = torch.save
-
-    def no_space_for_results(obj, f, *args, **kwargs):
-        if str(f).endswith("q_net.pt"):
-            raise OSError(28, "No space left on device")
-        return save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "save", no_space_for_results)
     out = tmp_path / "runs"
     monkeypatch.setattr(grid, "_WRITE_FAILED", False)
     report = run_grid(plan(load_grid(spec([0, 1])), out), workers=1, progress=False)
     assert [o.state for o in report.outcomes] == ["failed"] * 2, report.summary()
-    monkeypatch.setattr(torch, "save", save)
+    free_space()
     [checkpoint] = (out / "populations").glob("*.pkl")
     resumed = [replace(r, resume=True) for r in plan(load_grid(spec([2, 0, 1])), out)]
     assert [[r.config["seed"] for r in t.runs] for t in tasks(resumed)] == [[0, 1], [2]]
