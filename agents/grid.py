@@ -68,7 +68,7 @@ from probes.runlog import RunLogWriteError
 
 from .commands import ConfigError, RunWriteError, commands, comparable_config, get_command, read_yaml
 from .population import MEMBER_KEYS
-from .runlock import run_lock
+from .runlock import LOCK_NAME, run_lock
 from .signals import RECEIVED, STOP_SIGNALS, handling
 
 __all__ = ["GridRun", "PopulationEngine", "PopulationTask", "WorkerLost", "Outcome", "GridReport", "expand",
@@ -674,6 +674,10 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
                        file=sys.stderr)
             remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
             cancelled: set[Hashable] = set()
+            began = time.time() - 1.0  # (a file system's coarse timestamps)
+
+            def ended(ref: Hashable, task: Task) -> list[Outcome]:
+                return _outcomes(task, lambda: _ray_result(ref, lambda: _locked_since(task, began)))
 
             def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
                 while True:
@@ -683,7 +687,7 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
                             cancelled.add(ref)
                     done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
                     if done:
-                        return [o for ref in done for o in _outcomes(running.pop(ref), lambda: _ray_result(ref))]
+                        return [o for ref in done for o in ended(ref, running.pop(ref))]
 
             _drive(work, slots, remote.remote, wait_some, stop, record)
     finally:
@@ -704,9 +708,21 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
                           "with ray start --head, or unset RAY_ADDRESS for a local cluster") from None
 
 
-def _ray_result(ref: Any) -> Any:
+def _locked_since(task: Task, t: float) -> bool:
+    """Whether a worker took one of ``task``'s run locks since ``t`` (the task began: it writes the lock first)."""
+    for run in _runs(task):
+        try:
+            if (run.run_dir / LOCK_NAME).stat().st_mtime >= t:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _ray_result(ref: Any, started: Callable[[], bool]) -> Any:
     """A Ray task's result, or what it raised: the task's own exception; SystemExit for a run a signal stopped;
-    KeyboardInterrupt for a task cancelled before it started; :class:`WorkerLost` when its worker or node died."""
+    for a cancelled task (Ray does not say whether it had started), KeyboardInterrupt if ``started()``, else
+    :class:`_NotStarted`; :class:`WorkerLost` when its worker or node died."""
     import ray
     from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
@@ -715,7 +731,7 @@ def _ray_result(ref: Any) -> Any:
     except RayTaskError as err:
         raise (err.cause if isinstance(err.cause, BaseException) else err) from None
     except TaskCancelledError:
-        raise KeyboardInterrupt from None
+        raise (KeyboardInterrupt if started() else _NotStarted) from None
     except RayError as err:
         raise WorkerLost(f"the Ray worker running it died ({type(err).__name__}: {' '.join(str(err).split())}); "
                          "re-run the grid with --resume to continue it from its last checkpoint") from None

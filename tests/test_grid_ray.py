@@ -189,6 +189,31 @@ def test_a_killed_worker_is_reported_and_resume_finishes_its_run(cluster, refere
         _assert_same_results(a, b)
 
 
+def test_ctrl_c_counts_a_task_still_waiting_for_a_cpu_as_not_started(cluster, tmp_path, capsys):
+    # Three runs, --workers 3 on the 2-CPU cluster: the third waits for a CPU. Ctrl-C once the first two have begun
+    # cancels all three; Ray raises the same TaskCancelledError for each, and the one that never began (it took no
+    # run lock) is "not started", not "interrupted" (they resume alike; the summary must not say it ran). The runs
+    # are long (50k steps), so that none ends before the cancel frees a CPU for the third.
+    grid = _write(tmp_path / "grid.yml", DQN.replace("seed: [0, 1]", "seed: [0, 1, 2]").replace("steps: 1000",
+                                                                                              "steps: 50000"))
+    dirs = _run_dirs(grid, tmp_path / "runs")
+
+    def interrupt_once_two_began() -> None:
+        deadline = time.time() + 120
+        while sum((d / ".lock").exists() for d in dirs) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=interrupt_once_two_began)
+    sender.start()
+    status = main([str(grid), "--out", str(tmp_path / "runs"), "--backend", "ray", "--workers", "3"])
+    sender.join()
+    err = capsys.readouterr().err
+    assert status == 130, err
+    assert "grid interrupted by SIGINT: 0 finished, 0 failed, 2 interrupted, 1 not started" in err, err
+    assert sum((d / ".lock").exists() for d in dirs) == 2
+
+
 def test_populations_run_as_ray_tasks_into_the_folders_reports_read(cluster, tmp_path, capsys):
     from reports.classic import classic_table
     from reports.data import finished
