@@ -57,7 +57,7 @@ def test_yaml_defaults_are_the_papers_classic_dqn():
     assert per_env["Acrobot-v1"]["n_timesteps"] == 30000
     assert (per_env["Catcher-PLE-v0"]["n_timesteps"], per_env["Catcher-PLE-v0"]["max_episode_steps"],
             per_env["Catcher-PLE-v0"]["target_update_interval"]) == (500000, 2000, 200)
-    assert per_env["Catcher-PLE-v0"]["learning_rate"] == 1e-4  # the coarse sweep's choice (agents/grids/ple_coarse.yml)
+    assert per_env["Catcher-PLE-v0"]["learning_rate"] == 3e-5  # the study's choice (agents/grids/ple_study.yml)
     assert (per_env["Pixelcopter-PLE-v0"]["n_timesteps"], per_env["Pixelcopter-PLE-v0"]["max_episode_steps"],
             per_env["Pixelcopter-PLE-v0"]["target_update_interval"]) == (1000000, 500, 200)
     assert set(hyperparams("dqn")) >= {"default", "atari", "MountainCar-v0", "Acrobot-v1", "Catcher-PLE-v0",
