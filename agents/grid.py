@@ -562,7 +562,7 @@ def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: st
 
     with handling(STOP_SIGNALS, stop.on_signal):
         if backend == "ray":
-            _run_ray(work, workers, stop, record)
+            _run_ray(work, workers, stop, record, began)
         elif (workers or 1) == 1:
             _drive(work, 1, lambda task: _runs(task)[0].run_dir, inline, stop, record)
         else:
@@ -635,10 +635,12 @@ class WorkerLost(RuntimeError):
     """The Ray worker (or node) running a task died: killed, out of memory, or its node lost."""
 
 
-def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Callable[[Outcome], None]) -> None:
+def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Callable[[Outcome], None],
+             began: float) -> None:
     """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), ``workers`` at a time
     (default: as many as it has CPUs), one CPU each and never retried. A stop signal cancels the running tasks
-    (SIGINT in their workers: they stop as on Ctrl-C)."""
+    (SIGINT in their workers: they stop as on Ctrl-C); a cancelled task that took no run lock since ``began`` (the
+    grid's start) never began."""
     try:
         import ray
     except ImportError:
@@ -674,8 +676,6 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
                        file=sys.stderr)
             remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
             cancelled: set[Hashable] = set()
-            began = time.time() - 1.0  # (a file system's coarse timestamps)
-
             def ended(ref: Hashable, task: Task) -> list[Outcome]:
                 return _outcomes(task, lambda: _ray_result(ref, lambda: _locked_since(task, began)))
 

@@ -392,7 +392,7 @@ def test_the_ray_backend_refuses_cuda_runs(tmp_path):
 
     run = GridRun("dqn", {"device": "cuda"}, tmp_path / "r")
     with pytest.raises(ConfigError, match="the ray backend runs tasks on CPUs; 1 of this grid.s runs ask for device"):
-        _run_ray([run], None, None, None)
+        _run_ray([run], None, None, None, 0.0)
 
 
 def test_a_run_finished_by_another_grid_since_planning_is_not_redone(tmp_path, capsys):
