@@ -356,6 +356,8 @@ def test_a_run_belongs_to_the_newest_checkpoint_that_lists_it(tmp_path):
         os.utime(checkpoint, (time.time() - age, time.time() - age))
     assert [[r.config["seed"] for r in t.runs] for t in tasks(runs)] == [[1, 2], [0]]  # B, when 2 is in the grid
     assert [[r.config["seed"] for r in t.runs] for t in tasks(runs[:2])] == [[0], [1]]
+    (tmp_path / "populations" / "b.members.json").write_text('{"members": [')  # torn or corrupt: ignored
+    assert [[r.config["seed"] for r in t.runs] for t in tasks(runs)] == [[0, 1], [2]]  # A, now the newest listing 1
 
 
 @pytest.mark.parametrize("change, message", [
