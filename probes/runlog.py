@@ -5,7 +5,9 @@ This module is the only place that knows the file layout::
     /                       attrs: format='interference-runlog', format_version=2 (1 still read),
                                    config (JSON), seed, provenance (JSON), device,
                                    probe_settings (JSON), json_attrs (JSON list of the attrs
-                                   stored as JSON), resumes (JSON, after a resume), extra attrs
+                                   stored as JSON), resumes (JSON, after a resume), log_id (a
+                                   random hex id given at creation, kept by resumes; absent in
+                                   logs written before 2026-11-24), extra attrs
     /probes/<probe>/step    int64, shape (n,)            training step of each record
     /probes/<probe>/<field> field.dtype, shape (n, *field.shape)
     /scalars/<name>/step    int64, shape (n,)
@@ -31,6 +33,7 @@ import fcntl
 import json
 import os
 import re
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,7 +65,7 @@ END = "run_end"
 
 _RESERVED_ATTRS = frozenset(
     {"format", "format_version", "config", "seed", "provenance", "device", "probe_settings",
-     "json_attrs", "resumes"}
+     "json_attrs", "resumes", "log_id"}
 )
 _CHUNK_BYTES = 64 * 1024
 UNWRITTEN_STEP = -1  # what a step entry reads as when its chunk never reached the disk
@@ -183,9 +186,12 @@ class RunLog:
                 f.require_group("probes")
                 f.require_group("scalars")
                 _write_attrs(f, {"format": FORMAT, "format_version": FORMAT_VERSION,
-                                 "provenance": provenance(), **attrs})
+                                 "provenance": provenance(), "log_id": uuid.uuid4().hex, **attrs})
             _declare(f, self.path, probes, scalars)
             self._fields = _file_schema(f, self.path)
+            #: this log's id (``None`` for a log created before ids were given): a fresh run's log gets a new one,
+            #: a resumed run keeps it, so it tells whether a folder's log is still the one a checkpoint continues
+            self.log_id: str | None = _attr_str(f.attrs.get("log_id"))
             self._counts = _trim_partial_records(f)
             if keep is not None:
                 self._counts = _keep_records(f, self.path, self._counts, keep)
@@ -344,6 +350,22 @@ def read_run(path: str | os.PathLike, *, swmr: bool = True) -> Run:
                        probes=probes, scalars=scalars)
         except (OSError, KeyError, json.JSONDecodeError, TypeError, AttributeError, ValueError) as err:
             raise RunLogError(f"{path}: corrupt run log: {err!r}") from err
+
+
+def read_log_id(path: str | os.PathLike) -> str | None:
+    """The ``log_id`` of the run log at ``path`` (None for a log from before ids), read without its records.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        RunLogError: not an HDF5 file, corrupt or truncated, or not a run log.
+    """
+    path = os.fspath(path)
+    with _open_read(path) as f:
+        return _attr_str(f.attrs.get("log_id"))
+
+
+def _attr_str(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else None if value is None else str(value)
 
 
 def find_runs(path_or_dir: str | os.PathLike) -> list[str]:

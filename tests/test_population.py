@@ -5,6 +5,8 @@ network equals the per-member loop in float64."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -420,6 +422,42 @@ def test_a_checkpoint_older_than_a_fresh_start_in_a_member_folder_is_not_resumed
     err = capsys.readouterr().err
     assert "the checkpoint is stale and removed, the population of 2 starts at step 0" in err, err
     assert "resuming" not in err and [s["status"] for s in done] == ["finished"] * 2 and not path.exists()
+
+
+def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path, capsys, full_disk_at_results):
+    """Staleness is decided by the members' log ids recorded beside the checkpoint, not by file times: after a copy
+    that gives every file a new time (``cp -r``, ``scp -r``; here every ``config.yaml`` made newer than the
+    checkpoint), the population resumes; a fresh start in a member folder of the copy still makes it stale."""
+    import os
+    import shutil
+    import time
+
+    from agents.population.run import _checkpoint_path, member_configs, train_population
+
+    values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
+              "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
+    members = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in (0, 1)]
+    with pytest.raises(OSError, match="No space left"):
+        train_population(values, members, tmp_path / "here", implementation="batched", checkpoint_every=100)
+    full_disk_at_results()
+    shutil.copytree(tmp_path / "here", tmp_path / "there", copy_function=shutil.copy)  # (contents, not times)
+    path = _checkpoint_path(tmp_path / "there", member_configs(values, members))
+    later = time.time() + 60
+    for config in (tmp_path / "there").rglob("config.yaml"):
+        os.utime(config, (later, later))
+    capsys.readouterr()
+    done = train_population(values, members, tmp_path / "there", implementation="batched", resume=True)
+    err = capsys.readouterr().err
+    assert "resuming the population of 2 at step 200" in err and "stale" not in err, err
+    assert [s["status"] for s in done] == ["finished"] * 2
+
+    # the original's checkpoint, after a fresh start in seed 1's folder, dated after it: stale all the same
+    train_population(values, [Member(2, 1e-3, 300), members[1]], tmp_path / "here", implementation="batched")
+    path = _checkpoint_path(tmp_path / "here", member_configs(values, members))
+    os.utime(path, (later, later))
+    capsys.readouterr()
+    train_population(values, members, tmp_path / "here", implementation="batched", resume=True)
+    assert "the checkpoint is stale and removed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("setting, expected", [([], [40, 80, 120, 160, 200, 240, 280, 320, 360]),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from probes.provenance import provenance
-from probes.runlog import Field, RunLog, RunLogError, find_runs, read_run
+from probes.runlog import Field, RunLog, RunLogError, find_runs, read_log_id, read_run
 
 WRITER = Path(__file__).with_name("_runlog_writer.py")
 PROBES = {"weights": {"matrix": Field((32, 32)), "loss": Field(())}}
@@ -115,6 +115,24 @@ def test_resume_appends_and_adds_probes(tmp_path):
     assert resume["changed"] == {"config": {"lr": 0.01}}
     assert "git_commit" in resume["provenance"]
     assert run.probes["new"]["x"].shape == (0, 2)
+
+
+def test_a_log_keeps_its_id_when_resumed_and_a_fresh_log_gets_a_new_one(tmp_path):
+    path = tmp_path / "run.h5"
+    make_log(path, range(2))
+    first = read_log_id(path)
+    assert re.fullmatch(r"[0-9a-f]{32}", first) and read_run(path).attrs["log_id"] == first
+    make_log(path, range(2, 4))  # resumed
+    assert read_log_id(path) == first
+    make_log(path, range(2), overwrite=True)  # a fresh run in the same place, same config and second
+    assert read_log_id(path) not in (None, first)
+    with pytest.raises(ValueError, match=r"reserved attribute names \['log_id'\]"):
+        RunLog(tmp_path / "other.h5", config={}, seed=0, probes=PROBES, extra_attrs={"log_id": "mine"})
+    with h5py.File(path, "a") as f:  # a log written before ids: none, not an error
+        del f.attrs["log_id"]
+    assert read_log_id(path) is None
+    make_log(path, range(2, 4))  # (and a resume gives it none)
+    assert read_log_id(path) is None
 
 
 def test_resume_with_conflicting_field_fails(tmp_path):

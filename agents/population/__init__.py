@@ -24,11 +24,16 @@ def members_file(checkpoint: Path) -> Path:
     return checkpoint.with_suffix(".members.json")
 
 
-def record_members(checkpoint: Path, dirs: Sequence[Path], out: Path) -> None:
-    """List the members' run folders (relative to ``out``, in member order) beside ``checkpoint``, atomically."""
+def record_members(checkpoint: Path, dirs: Sequence[Path], out: Path,
+                   log_ids: Sequence[str | None] | None = None) -> None:
+    """List the members' run folders (relative to ``out``, in member order) beside ``checkpoint``, atomically, with
+    the ids of their run logs (:attr:`probes.runlog.RunLog.log_id`) where given: the logs the checkpoint continues."""
     tmp = members_file(checkpoint).with_suffix(".tmp")
+    listing: dict = {"members": [Path(d).relative_to(out).as_posix() for d in dirs]}
+    if log_ids is not None:
+        listing["logs"] = list(log_ids)
     try:
-        tmp.write_text(json.dumps({"members": [Path(d).relative_to(out).as_posix() for d in dirs]}))
+        tmp.write_text(json.dumps(listing))
         os.replace(tmp, members_file(checkpoint))
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -54,9 +59,33 @@ def checkpointed_groups(out: Path) -> list[list[Path]]:
 
 
 def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
-    """The first member folder in which a run started afresh after ``checkpoint`` was written (its ``config.yaml``,
-    which only a fresh start writes, population or single run, is newer), else None: such a checkpoint is stale,
-    its members' logs are another run's."""
+    """The first member folder in which a run started afresh after ``checkpoint`` was written, else None: such a
+    checkpoint is stale, its members' logs are another run's. Where the members list beside it records their logs'
+    ids, a folder whose ``run.h5`` has another id or is gone (a fresh start, population or single run, makes a new
+    log) -- file times play no part, so a study copied without them resumes; for older lists, a folder whose
+    ``config.yaml`` (which only a fresh start writes) is newer than the checkpoint."""
+    from probes.runlog import RunLogError, read_log_id  # (here: the grid runner imports this module, not torch)
+
+    try:
+        listing = json.loads(members_file(checkpoint).read_text())
+        ids = dict(zip((Path(d) for d in listing["members"]), listing["logs"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        ids = None
+    if ids is not None:
+        out = checkpoint.parent.parent  # (OUT/populations/<key>.pkl)
+        for d in dirs:
+            try:
+                recorded = ids[Path(d).relative_to(out)]
+            except (KeyError, ValueError):
+                continue  # (not a member the list names: nothing recorded to compare)
+            try:
+                if read_log_id(Path(d) / "run.h5") != recorded:
+                    return Path(d)
+            except FileNotFoundError:
+                return Path(d)
+            except RunLogError:
+                continue  # unreadable: resuming it reports that, in the log's own words
+        return None
     written = checkpoint.stat().st_mtime
     for d in dirs:
         try:

@@ -226,7 +226,6 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
               file=sys.stderr)
     _clear(dirs, fresh=state is None)
-    record_members(path, dirs, Path(out))  # (for the grid runner: which runs this checkpoint, once written, holds)
     pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
     seen = state["seen"] if state else [0] * len(members)
     logs = []
@@ -237,6 +236,8 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
         logs.append(MemberLog(pop, m, c, d / "run.h5", device, state["logs"][m] if state else None,
                               extra_attrs={"engine": f"population:{pop.implementation}",
                                            "population_size": len(members)}))
+    # for the grid runner and later resumes: which runs, and which of their logs, this checkpoint (once written) holds
+    record_members(path, dirs, Path(out), [log.runner.log.log_id for log in logs])
     # the TD loss and learning rate of the first update, of the first at or after each hundredth of the run, and of
     # the last (probes.sb3.ProbeCallback's cadence with one update per step)
     loss_every, first_update = max(1, steps // 100), int(configs[0]["learning_starts"]) + 1
