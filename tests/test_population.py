@@ -460,6 +460,37 @@ def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path,
     assert "the checkpoint is stale and removed" in capsys.readouterr().err
 
 
+def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
+    """Checkpoints listed before log ids (2026-11-24) stay resumable: stale only where a member's config.yaml is
+    newer than the checkpoint; a list with ids ignores times, and a member whose log is gone makes it stale."""
+    import os
+    import time
+
+    from agents.population import record_members, restarted_since
+    from probes.runlog import RunLog
+
+    checkpoint, dirs = tmp_path / "populations" / "k.pkl", [tmp_path / "dqn" / f"seed{s}" for s in (0, 1)]
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"")
+    ids = []
+    for d in dirs:
+        with RunLog(d / "run.h5", config={}, seed=0, probes={}) as log:
+            ids.append(log.log_id)
+        (d / "config.yaml").write_text("{}")
+    old, new = time.time() - 60, time.time() + 60
+    os.utime(checkpoint, (old, old))
+    record_members(checkpoint, dirs, tmp_path)  # (the old format: folders only)
+    assert restarted_since(checkpoint, dirs) == dirs[0]
+    for d in dirs:
+        os.utime(d / "config.yaml", (old - 60, old - 60))
+    assert restarted_since(checkpoint, dirs) is None
+    os.utime(dirs[1] / "config.yaml", (new, new))
+    record_members(checkpoint, dirs, tmp_path, ids)
+    assert restarted_since(checkpoint, dirs) is None
+    (dirs[1] / "run.h5").unlink()
+    assert restarted_since(checkpoint, dirs) == dirs[1]
+
+
 @pytest.mark.parametrize("setting, expected", [([], [40, 80, 120, 160, 200, 240, 280, 320, 360]),
                                               (["checkpoint_every=150"], [150, 300]), (["checkpoint_every=0"], [])])
 def test_a_population_checkpoints_at_its_configs_interval(tmp_path, monkeypatch, setting, expected):
