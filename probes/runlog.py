@@ -393,7 +393,7 @@ def _open_read(path: str, swmr: bool = True) -> h5py.File:
     except BlockingIOError as err:
         raise RunLogError(f"{path}: locked by another process writing it outside SWMR mode "
                           f"(e.g. a RunLog still creating it): {err}") from err
-    except OSError as err:
+    except (OSError, RuntimeError) as err:  # (h5py raises RuntimeError for some corrupt superblocks)
         raise RunLogError(f"{path}: corrupt or truncated HDF5 file, cannot open it: {err}") from err
     try:
         _check_format(f, path)

@@ -427,7 +427,8 @@ def test_a_checkpoint_older_than_a_fresh_start_in_a_member_folder_is_not_resumed
 def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path, capsys, full_disk_at_results):
     """Staleness is decided by the members' log ids recorded beside the checkpoint, not by file times: after a copy
     that gives every file a new time (``cp -r``, ``scp -r``; here every ``config.yaml`` made newer than the
-    checkpoint), the population resumes; a fresh start in a member folder of the copy still makes it stale."""
+    checkpoint), the population resumes; in the original, a fresh start in a member folder still makes its checkpoint
+    stale though the checkpoint is dated after it."""
     import os
     import shutil
     import time
@@ -462,7 +463,9 @@ def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path,
 
 def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     """Checkpoints listed before log ids (2026-11-24) stay resumable: stale only where a member's config.yaml is
-    newer than the checkpoint; a list with ids ignores times, and a member whose log is gone makes it stale."""
+    newer than the checkpoint. A list with ids ignores times; a member whose log is gone or has another id makes it
+    stale; where a member's recorded id is null (a log from before ids) or its log is unreadable (a fresh start
+    killed while creating it), that member's times decide."""
     import os
     import time
 
@@ -487,8 +490,19 @@ def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     os.utime(dirs[1] / "config.yaml", (new, new))
     record_members(checkpoint, dirs, tmp_path, ids)
     assert restarted_since(checkpoint, dirs) is None
+    record_members(checkpoint, dirs, tmp_path, [ids[0], None])
+    assert restarted_since(checkpoint, dirs) == dirs[1]
+    record_members(checkpoint, dirs, tmp_path, ids)
+    (dirs[1] / "run.h5").write_bytes(b"\x89HDF\r\n\x1a\n")  # a fresh start killed while creating its log
+    assert restarted_since(checkpoint, dirs) == dirs[1]
+    os.utime(dirs[1] / "config.yaml", (old - 60, old - 60))
+    assert restarted_since(checkpoint, dirs) is None  # (unreadable, and no newer config.yaml: resuming will say so)
     (dirs[1] / "run.h5").unlink()
     assert restarted_since(checkpoint, dirs) == dirs[1]
+    with RunLog(dirs[0] / "run.h5", config={}, seed=0, probes={}, overwrite=True):  # another run's log, same time
+        pass
+    os.utime(dirs[0] / "config.yaml", (old - 60, old - 60))
+    assert restarted_since(checkpoint, dirs) == dirs[0]
 
 
 @pytest.mark.parametrize("setting, expected", [([], [40, 80, 120, 160, 200, 240, 280, 320, 360]),

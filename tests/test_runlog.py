@@ -135,6 +135,19 @@ def test_a_log_keeps_its_id_when_resumed_and_a_fresh_log_gets_a_new_one(tmp_path
     assert read_log_id(path) is None
 
 
+def test_an_hdf5_runtime_error_on_open_is_a_run_log_error(tmp_path, monkeypatch):
+    # (h5py raises RuntimeError, not OSError, for some corrupt superblocks)
+    path = tmp_path / "run.h5"
+    make_log(path, range(1))
+
+    def corrupt(*args, **kwargs):
+        raise RuntimeError("Unable to open file (bad superblock)")
+
+    monkeypatch.setattr(h5py, "File", corrupt)
+    with pytest.raises(RunLogError, match=r"corrupt or truncated HDF5 file, cannot open it: .*bad superblock"):
+        read_log_id(path)
+
+
 def test_resume_with_conflicting_field_fails(tmp_path):
     path = tmp_path / "run.h5"
     make_log(path, range(2))

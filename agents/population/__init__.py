@@ -60,37 +60,33 @@ def checkpointed_groups(out: Path) -> list[list[Path]]:
 
 def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
     """The first member folder in which a run started afresh after ``checkpoint`` was written, else None: such a
-    checkpoint is stale, its members' logs are another run's. Where the members list beside it records their logs'
-    ids, a folder whose ``run.h5`` has another id or is gone (a fresh start, population or single run, makes a new
-    log) -- file times play no part, so a study copied without them resumes; for older lists, a folder whose
-    ``config.yaml`` (which only a fresh start writes) is newer than the checkpoint."""
+    checkpoint is stale, its members' logs are another run's. Where the members list beside it records a member's
+    log id, a folder whose ``run.h5`` has another id or is gone (every fresh start, population or single run, makes a
+    new log), whatever the file times, so a study copied without them resumes; where it records none (a list from
+    before ids, a log from before ids) or the log is unreadable (a fresh start killed while creating it), a folder
+    whose ``config.yaml`` (which only a fresh start writes) is newer than the checkpoint."""
     from probes.runlog import RunLogError, read_log_id  # (here: the grid runner imports this module, not torch)
 
     try:
         listing = json.loads(members_file(checkpoint).read_text())
-        ids = dict(zip((Path(d) for d in listing["members"]), listing["logs"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        ids = None
-    if ids is not None:
         out = checkpoint.parent.parent  # (OUT/populations/<key>.pkl)
-        for d in dirs:
-            try:
-                recorded = ids[Path(d).relative_to(out)]
-            except (KeyError, ValueError):
-                continue  # (not a member the list names: nothing recorded to compare)
-            try:
-                if read_log_id(Path(d) / "run.h5") != recorded:
-                    return Path(d)
-            except FileNotFoundError:
-                return Path(d)
-            except RunLogError:
-                continue  # unreadable: resuming it reports that, in the log's own words
-        return None
+        ids = {out / d: i for d, i in zip(listing["members"], listing.get("logs", []))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ids = {}
     written = checkpoint.stat().st_mtime
-    for d in dirs:
+    for d in map(Path, dirs):
+        if isinstance(recorded := ids.get(d), str):
+            try:
+                if read_log_id(d / "run.h5") != recorded:
+                    return d
+                continue
+            except FileNotFoundError:
+                return d
+            except (RunLogError, OSError, RuntimeError):
+                pass  # unreadable: the file times decide
         try:
-            if (Path(d) / "config.yaml").stat().st_mtime > written:
-                return Path(d)
+            if (d / "config.yaml").stat().st_mtime > written:
+                return d
         except OSError:
             continue
     return None
