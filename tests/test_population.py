@@ -461,6 +461,37 @@ def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path,
     assert "the checkpoint is stale and removed" in capsys.readouterr().err
 
 
+def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(tmp_path, monkeypatch,
+                                                                                  full_disk_at_results):
+    """A population's fresh start writes a member's config.yaml only after its log: killed in between (here at
+    seed 1's log), seed 1's folder keeps the checkpointed population's log and config, which then resumes there."""
+    from agents.population import run
+
+    values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
+              "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
+    members = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in (0, 1)]
+    with pytest.raises(OSError, match="No space left"):
+        run.train_population(values, members, tmp_path, implementation="batched", checkpoint_every=100)
+    full_disk_at_results()
+    seed1 = run.member_dirs(run.member_configs(values, members), tmp_path)[1]
+    before = {name: (seed1 / name).read_bytes() for name in ("config.yaml", "run.h5")}
+    probed = {**values, "set": [*values["set"], "probe=[sparsity]"]}  # another population (other probes) ...
+    real = run.MemberLog
+
+    def killed_at_seed_1(pop, m, config, *args, **kwargs):
+        if config["seed"] == 1:
+            raise KeyboardInterrupt  # (a kill)
+        return real(pop, m, config, *args, **kwargs)
+
+    monkeypatch.setattr(run, "MemberLog", killed_at_seed_1)
+    with pytest.raises(KeyboardInterrupt):  # ... started afresh in seeds 2 and 1, killed at seed 1's log
+        run.train_population(probed, [Member(2, 1e-3, 300), members[1]], tmp_path, implementation="batched")
+    monkeypatch.setattr(run, "MemberLog", real)
+    assert {name: (seed1 / name).read_bytes() for name in ("config.yaml", "run.h5")} == before
+    done = run.train_population(values, members, tmp_path, implementation="batched", resume=True)
+    assert [s["status"] for s in done] == ["finished"] * 2
+
+
 def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     """Checkpoints listed before log ids (2026-11-24) stay resumable: stale only where a member's config.yaml is
     newer than the checkpoint. A list with ids ignores times; a member whose log is gone or has another id makes it

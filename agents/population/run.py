@@ -231,11 +231,11 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     logs = []
     for m, (c, d) in enumerate(zip(configs, dirs)):
         d.mkdir(parents=True, exist_ok=True)
-        if state is None:
-            (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
         logs.append(MemberLog(pop, m, c, d / "run.h5", device, state["logs"][m] if state else None,
                               extra_attrs={"engine": f"population:{pop.implementation}",
                                            "population_size": len(members)}))
+        if state is None:  # (after its log: a start killed in between leaves no config.yaml beside another's log)
+            (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
     # for the grid runner and later resumes: which runs, and which of their logs, this checkpoint (once written) holds
     record_members(path, dirs, Path(out), [log.runner.log.log_id for log in logs])
     # the TD loss and learning rate of the first update, of the first at or after each hundredth of the run, and of
