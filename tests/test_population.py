@@ -496,7 +496,7 @@ def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     """Checkpoints listed before log ids (2026-11-24) stay resumable: stale only where a member's config.yaml is
     newer than the checkpoint. A list with ids ignores times; a member whose log is gone or has another id makes it
     stale; where a member's recorded id is null (a log from before ids) or its log is unreadable (a fresh start
-    killed while creating it), that member's times decide."""
+    killed while creating it, or corrupt, checked without hanging), that member's times decide."""
     import os
     import time
 
@@ -524,6 +524,11 @@ def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     record_members(checkpoint, dirs, tmp_path, [ids[0], None])
     assert restarted_since(checkpoint, dirs) == dirs[1]
     record_members(checkpoint, dirs, tmp_path, ids)
+    good = (dirs[1] / "run.h5").read_bytes()
+    corrupt = bytearray(good)
+    corrupt[12] ^= 0xFF  # (a superblock byte: its checksum fails, on which HDF5's SWMR reader retries for minutes)
+    (dirs[1] / "run.h5").write_bytes(bytes(corrupt))
+    assert restarted_since(checkpoint, dirs) == dirs[1]  # (the file times)
     (dirs[1] / "run.h5").write_bytes(b"\x89HDF\r\n\x1a\n")  # a fresh start killed while creating its log
     assert restarted_since(checkpoint, dirs) == dirs[1]
     os.utime(dirs[1] / "config.yaml", (old - 60, old - 60))

@@ -63,9 +63,11 @@ def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
     checkpoint is stale, its members' logs are another run's. Where the members list beside it records a member's
     log id, a folder whose ``run.h5`` has another id or is gone (every fresh start, population or single run, makes a
     new log), whatever the file times, so a study copied without them resumes; where it records none (a list from
-    before ids, a log from before ids) or the log is unreadable (a fresh start killed while creating it), a folder
-    whose ``config.yaml`` (which only a fresh start writes) is newer than the checkpoint."""
-    from probes.runlog import RunLogError, read_log_id  # (here: the grid runner imports this module, not torch)
+    before ids, a log from before ids) or the log is unreadable (a fresh start killed while creating it, a corrupt
+    file: checked in a child process first, as HDF5 can hang on corrupt metadata), a folder whose ``config.yaml``
+    (which only a fresh start writes) is newer than the checkpoint."""
+    from probes.logcheck import check_logs  # (imported here: the probes package loads torch, which planning a grid
+    from probes.runlog import RunLogError, read_log_id  # does not otherwise need)
 
     try:
         listing = json.loads(members_file(checkpoint).read_text())
@@ -74,8 +76,10 @@ def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         ids = {}
     written = checkpoint.stat().st_mtime
+    logs = [d / "run.h5" for d in map(Path, dirs) if isinstance(ids.get(d), str) and (d / "run.h5").exists()]
+    unreadable = {path for path, why in check_logs(logs).items() if why} if logs else set()
     for d in map(Path, dirs):
-        if isinstance(recorded := ids.get(d), str):
+        if isinstance(recorded := ids.get(d), str) and os.fspath(d / "run.h5") not in unreadable:
             try:
                 if read_log_id(d / "run.h5") != recorded:
                     return d
