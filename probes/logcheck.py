@@ -76,17 +76,13 @@ def _collect(child: subprocess.Popen, expected: Sequence[str], each_s: float) ->
     return out
 
 
-#: what HDF5 says when a plain read meets a file an SWMR writer has open or did not close (killed): such files
-#: are read again in SWMR mode (which retries failed checksums for seconds, so it is not the first try)
-_OPEN_FOR_WRITE = ("already open for write", "h5clear", "consistency flags", "unable to lock file")
-
 
 def _child() -> None:
     """Read each file named on the command line; print ``{"path", "error"}`` per file as one JSON line.
 
     A plain (non-SWMR) read verifies checksums at once; a file that an SWMR writer has open, or left open when it
-    was killed, is read again in SWMR mode (which retries failed checksums for seconds: not the first try)."""
-    from .runlog import RunLogError, read_run
+    was killed, is read again in SWMR mode (which retries failed checksums for minutes: not the first try)."""
+    from .runlog import OPEN_FOR_WRITE, RunLogError, read_run
 
     print(json.dumps({"ready": True}), flush=True)
     for path in sys.argv[1:]:
@@ -100,6 +96,6 @@ def _child() -> None:
                 break
             except (RunLogError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
                 error = str(err).splitlines()[0] if str(err) else type(err).__name__
-                if not any(text in str(err) for text in _OPEN_FOR_WRITE):
+                if not any(text in str(err) for text in OPEN_FOR_WRITE):
                     break
         print(json.dumps({"path": path, "error": error}), flush=True)

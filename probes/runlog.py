@@ -67,6 +67,10 @@ _RESERVED_ATTRS = frozenset(
     {"format", "format_version", "config", "seed", "provenance", "device", "probe_settings",
      "json_attrs", "resumes", "log_id"}
 )
+#: what HDF5 says when a plain (non-SWMR) read meets a file an SWMR writer has open or did not close (killed): only
+#: such files are opened in SWMR mode first, as an SWMR reader retries failed checksums for minutes (a corrupt file
+#: would hang it) where a plain read fails at once
+OPEN_FOR_WRITE = ("already open for write", "h5clear", "consistency flags", "unable to lock file")
 _CHUNK_BYTES = 64 * 1024
 UNWRITTEN_STEP = -1  # what a step entry reads as when its chunk never reached the disk
 _MAX_CHUNK_ROWS = 1024
@@ -440,7 +444,12 @@ def _check_format(f: h5py.File, path: str) -> None:
 
 def _open_for_append(path: str) -> h5py.File:
     """Open an existing run log read-write, repairing it if its writer was killed."""
-    _open_read(path).close()
+    try:
+        _open_read(path, swmr=False).close()  # (checksums verified at once: a corrupt file fails here, not hangs)
+    except RunLogError as err:
+        if not any(text in str(err) for text in OPEN_FOR_WRITE):
+            raise
+        _open_read(path).close()  # left open for write (a killed writer): SWMR mode reads it
     try:
         return h5py.File(path, "r+", libver=LIBVER)
     except BlockingIOError as err:  # HDF5 could not lock the file

@@ -148,6 +148,23 @@ def test_an_hdf5_runtime_error_on_open_is_a_run_log_error(tmp_path, monkeypatch)
         read_log_id(path)
 
 
+def test_appending_to_a_log_with_a_corrupt_superblock_fails_at_once(tmp_path):
+    """A bad metadata checksum is refused with a RunLogError, not retried for minutes as HDF5's SWMR reader does (in
+    a child process, so that a hang fails the test instead of stalling the run)."""
+    path = tmp_path / "run.h5"
+    make_log(path, range(2))
+    data = bytearray(path.read_bytes())
+    data[12] ^= 0xFF  # (inside the superblock, which its checksum covers)
+    path.write_bytes(bytes(data))
+    code = ("import sys; from probes.runlog import RunLog, RunLogError\n"
+            "try:\n    RunLog(sys.argv[1], config={}, seed=0, probes={})\n"
+            "except RunLogError as err:\n    print(err)")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "corrupt or truncated HDF5 file, cannot open it" in proc.stdout and "checksum" in proc.stdout, \
+        proc.stdout + proc.stderr[-2000:]
+
+
 def test_resume_with_conflicting_field_fails(tmp_path):
     path = tmp_path / "run.h5"
     make_log(path, range(2))
