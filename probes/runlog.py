@@ -68,8 +68,8 @@ _RESERVED_ATTRS = frozenset(
      "json_attrs", "resumes", "log_id"}
 )
 #: what HDF5 says when a plain (non-SWMR) read meets a file an SWMR writer has open or did not close (killed): only
-#: such files are opened in SWMR mode first, as an SWMR reader retries failed checksums for minutes (a corrupt file
-#: would hang it) where a plain read fails at once
+#: such files are opened in SWMR mode, as an SWMR reader retries failed checksums for minutes (a corrupt file would
+#: hang it) where a plain read fails at once
 OPEN_FOR_WRITE = ("already open for write", "h5clear", "consistency flags", "unable to lock file")
 _CHUNK_BYTES = 64 * 1024
 UNWRITTEN_STEP = -1  # what a step entry reads as when its chunk never reached the disk
@@ -386,14 +386,20 @@ def find_runs(path_or_dir: str | os.PathLike) -> list[str]:
 
 
 def _open_read(path: str, swmr: bool = True) -> h5py.File:
-    """Open a run log read-only in SWMR mode; RunLogError unless it is one."""
+    """Open a run log read-only; RunLogError unless it is one. A plain read first (it verifies checksums at once);
+    with ``swmr``, a file an SWMR writer has open or left open (killed) is then opened in SWMR mode."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such run log: {path}")
     if not h5py.is_hdf5(path):
         raise RunLogError(f"{path}: not an HDF5 file (no HDF5 signature)")
     _check_not_truncated(path)
     try:
-        f = h5py.File(path, "r", libver="latest", swmr=swmr)
+        try:
+            f = h5py.File(path, "r", libver="latest")
+        except OSError as err:
+            if not swmr or not any(text in str(err) for text in OPEN_FOR_WRITE):
+                raise
+            f = h5py.File(path, "r", libver="latest", swmr=True)
     except BlockingIOError as err:
         raise RunLogError(f"{path}: locked by another process writing it outside SWMR mode "
                           f"(e.g. a RunLog still creating it): {err}") from err
@@ -444,12 +450,7 @@ def _check_format(f: h5py.File, path: str) -> None:
 
 def _open_for_append(path: str) -> h5py.File:
     """Open an existing run log read-write, repairing it if its writer was killed."""
-    try:
-        _open_read(path, swmr=False).close()  # (checksums verified at once: a corrupt file fails here, not hangs)
-    except RunLogError as err:
-        if not any(text in str(err) for text in OPEN_FOR_WRITE):
-            raise
-        _open_read(path).close()  # left open for write (a killed writer): SWMR mode reads it
+    _open_read(path).close()
     try:
         return h5py.File(path, "r+", libver=LIBVER)
     except BlockingIOError as err:  # HDF5 could not lock the file

@@ -148,17 +148,18 @@ def test_an_hdf5_runtime_error_on_open_is_a_run_log_error(tmp_path, monkeypatch)
         read_log_id(path)
 
 
-def test_appending_to_a_log_with_a_corrupt_superblock_fails_at_once(tmp_path):
-    """A bad metadata checksum is refused with a RunLogError, not retried for minutes as HDF5's SWMR reader does (in
-    a child process, so that a hang fails the test instead of stalling the run)."""
+@pytest.mark.parametrize("call", ["RunLog(sys.argv[1], config={}, seed=0, probes={})", "read_run(sys.argv[1])",
+                                  "read_log_id(sys.argv[1])"])
+def test_a_log_with_a_corrupt_superblock_is_refused_at_once(tmp_path, call):
+    """Appending to or reading a log with a bad metadata checksum is refused with a RunLogError, not retried for
+    minutes as HDF5's SWMR reader does (in a child process, so that a hang fails the test instead of stalling it)."""
     path = tmp_path / "run.h5"
     make_log(path, range(2))
     data = bytearray(path.read_bytes())
     data[12] ^= 0xFF  # (inside the superblock, which its checksum covers)
     path.write_bytes(bytes(data))
-    code = ("import sys; from probes.runlog import RunLog, RunLogError\n"
-            "try:\n    RunLog(sys.argv[1], config={}, seed=0, probes={})\n"
-            "except RunLogError as err:\n    print(err)")
+    code = ("import sys; from probes.runlog import RunLog, RunLogError, read_log_id, read_run\n"
+            f"try:\n    {call}\nexcept RunLogError as err:\n    print(err)")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert "corrupt or truncated HDF5 file, cannot open it" in proc.stdout and "checksum" in proc.stdout, \
