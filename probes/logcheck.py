@@ -76,26 +76,19 @@ def _collect(child: subprocess.Popen, expected: Sequence[str], each_s: float) ->
     return out
 
 
-
 def _child() -> None:
-    """Read each file named on the command line; print ``{"path", "error"}`` per file as one JSON line.
-
-    A plain (non-SWMR) read verifies checksums at once; a file that an SWMR writer has open, or left open when it
-    was killed, is read again in SWMR mode (which retries failed checksums for minutes: not the first try)."""
-    from .runlog import OPEN_FOR_WRITE, RunLogError, read_run
+    """Read each file named on the command line; print ``{"path", "error"}`` per file as one JSON line (``read_run``
+    verifies checksums with a plain read, SWMR mode only for a file a writer has or left open)."""
+    from .runlog import RunLogError, read_run
 
     print(json.dumps({"ready": True}), flush=True)
     for path in sys.argv[1:]:
         error = None
-        for swmr in (False, True):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    read_run(path, swmr=swmr)
-                error = None
-                break
-            except (RunLogError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
-                error = str(err).splitlines()[0] if str(err) else type(err).__name__
-                if not any(text in str(err) for text in OPEN_FOR_WRITE):
-                    break
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                read_run(path)
+        except (RunLogError, OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError,
+                IndexError) as err:
+            error = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(json.dumps({"path": path, "error": error}), flush=True)
