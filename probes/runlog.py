@@ -6,8 +6,8 @@ This module is the only place that knows the file layout::
                                    config (JSON), seed, provenance (JSON), device,
                                    probe_settings (JSON), json_attrs (JSON list of the attrs
                                    stored as JSON), resumes (JSON, after a resume), log_id (a
-                                   random hex id given at creation, kept by resumes; absent in
-                                   logs written before 2026-11-24), extra attrs
+                                   random hex id given at creation, kept by resumes; logs written
+                                   before 2026-11-24 get one when first resumed), extra attrs
     /probes/<probe>/step    int64, shape (n,)            training step of each record
     /probes/<probe>/<field> field.dtype, shape (n, *field.shape)
     /scalars/<name>/step    int64, shape (n,)
@@ -186,6 +186,8 @@ class RunLog:
         try:
             if "format" in f.attrs:
                 _record_resume(f, attrs, keep)
+                if "log_id" not in f.attrs:  # a log from before ids gets one when resumed
+                    f.attrs["log_id"] = uuid.uuid4().hex
             else:
                 f.require_group("probes")
                 f.require_group("scalars")
@@ -193,9 +195,9 @@ class RunLog:
                                  "provenance": provenance(), "log_id": uuid.uuid4().hex, **attrs})
             _declare(f, self.path, probes, scalars)
             self._fields = _file_schema(f, self.path)
-            #: this log's id (``None`` for a log created before ids were given): a fresh run's log gets a new one,
-            #: a resumed run keeps it, so it tells whether a folder's log is still the one a checkpoint continues
-            self.log_id: str | None = _attr_str(f.attrs.get("log_id"))
+            #: this log's id: a fresh run's log gets a new one, a resumed run keeps it (a log from before ids gets one
+            #: then), so it tells whether a folder's log is still the one a checkpoint continues
+            self.log_id: str = _attr_str(f.attrs["log_id"])
             self._counts = _trim_partial_records(f)
             if keep is not None:
                 self._counts = _keep_records(f, self.path, self._counts, keep)
@@ -449,8 +451,18 @@ def _check_format(f: h5py.File, path: str) -> None:
 
 
 def _open_for_append(path: str) -> h5py.File:
-    """Open an existing run log read-write, repairing it if its writer was killed."""
-    _open_read(path).close()
+    """Open an existing run log read-write, repairing it if its writer was killed. A log a writer has or left open
+    is checked first in a child process (:mod:`probes.logcheck`): HDF5's SWMR reader, the only one that opens it,
+    retries a bad metadata checksum for minutes."""
+    try:
+        _open_read(path, swmr=False).close()
+    except RunLogError as err:
+        if not any(text in str(err) for text in OPEN_FOR_WRITE):
+            raise
+        from .logcheck import check_logs  # (a child process: only for logs left open, as by a killed writer)
+
+        if why := check_logs([path])[path]:
+            raise RunLogError(f"{path}: left open by its writer and unreadable: {why}") from None
     try:
         return h5py.File(path, "r+", libver=LIBVER)
     except BlockingIOError as err:  # HDF5 could not lock the file

@@ -464,8 +464,10 @@ def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path,
 def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(tmp_path, monkeypatch,
                                                                                   full_disk_at_results):
     """A population's fresh start writes a member's config.yaml only after its log: killed in between (here at
-    seed 1's log), seed 1's folder keeps the checkpointed population's log and config, which then resumes there."""
+    seed 1's log), seed 1's folder keeps the checkpointed population's log and config, which then resumes there;
+    the logs opened before the kill are closed."""
     from agents.population import run
+    from probes.runlog import RunLog
 
     values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
@@ -488,6 +490,8 @@ def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(
         run.train_population(probed, [Member(2, 1e-3, 300), members[1]], tmp_path, implementation="batched")
     monkeypatch.setattr(run, "MemberLog", real)
     assert {name: (seed1 / name).read_bytes() for name in ("config.yaml", "run.h5")} == before
+    seed2 = run.member_dirs(run.member_configs(probed, [Member(2, 1e-3, 300)]), tmp_path)[0]
+    RunLog(seed2 / "run.h5", config={}, seed=2, probes={}).close()  # (seed 2's log was closed, not left open)
     done = run.train_population(values, members, tmp_path, implementation="batched", resume=True)
     assert [s["status"] for s in done] == ["finished"] * 2
 
@@ -495,11 +499,12 @@ def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(
 def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     """Checkpoints listed before log ids (2026-11-24) stay resumable: stale only where a member's config.yaml is
     newer than the checkpoint. A list with ids ignores times; a member whose log is gone or has another id makes it
-    stale; where a member's recorded id is null (a log from before ids) or its log is unreadable (a fresh start
-    killed while creating it, or corrupt, checked without hanging), that member's times decide."""
+    stale, and so does one whose log is unreadable (a fresh start killed while creating it, or corrupt, checked
+    without hanging); where a member's recorded id is null (a log from before ids), that member's times decide."""
     import os
     import time
 
+    from _runlog_writer import left_open_with_a_bad_header
     from agents.population import record_members, restarted_since
     from probes.runlog import RunLog
 
@@ -524,15 +529,19 @@ def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
     record_members(checkpoint, dirs, tmp_path, [ids[0], None])
     assert restarted_since(checkpoint, dirs) == dirs[1]
     record_members(checkpoint, dirs, tmp_path, ids)
+    os.utime(dirs[1] / "config.yaml", (old - 60, old - 60))  # (the times alone would keep the checkpoint)
     good = (dirs[1] / "run.h5").read_bytes()
     corrupt = bytearray(good)
-    corrupt[12] ^= 0xFF  # (a superblock byte: its checksum fails, on which HDF5's SWMR reader retries for minutes)
+    corrupt[12] ^= 0xFF  # (a superblock byte: its checksum fails)
     (dirs[1] / "run.h5").write_bytes(bytes(corrupt))
-    assert restarted_since(checkpoint, dirs) == dirs[1]  # (the file times)
+    assert restarted_since(checkpoint, dirs) == dirs[1]  # a recorded log unreadable: no resume could use it
+    left_open_with_a_bad_header(dirs[1] / "run.h5")  # (read only in SWMR mode, which retries it for minutes)
+    assert restarted_since(checkpoint, dirs) == dirs[1]
     (dirs[1] / "run.h5").write_bytes(b"\x89HDF\r\n\x1a\n")  # a fresh start killed while creating its log
     assert restarted_since(checkpoint, dirs) == dirs[1]
-    os.utime(dirs[1] / "config.yaml", (old - 60, old - 60))
-    assert restarted_since(checkpoint, dirs) is None  # (unreadable, and no newer config.yaml: resuming will say so)
+    record_members(checkpoint, dirs, tmp_path, [ids[0], None])  # no id recorded for it: the times decide
+    assert restarted_since(checkpoint, dirs) is None
+    record_members(checkpoint, dirs, tmp_path, ids)
     (dirs[1] / "run.h5").unlink()
     assert restarted_since(checkpoint, dirs) == dirs[1]
     with RunLog(dirs[0] / "run.h5", config={}, seed=0, probes={}, overwrite=True):  # another run's log, same time

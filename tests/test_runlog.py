@@ -118,6 +118,7 @@ def test_resume_appends_and_adds_probes(tmp_path):
 
 
 def test_a_log_keeps_its_id_when_resumed_and_a_fresh_log_gets_a_new_one(tmp_path):
+    """A resume keeps a log's id, a fresh run in its place gets a new one, a log from before ids gets one when resumed."""
     path = tmp_path / "run.h5"
     make_log(path, range(2))
     first = read_log_id(path)
@@ -131,8 +132,12 @@ def test_a_log_keeps_its_id_when_resumed_and_a_fresh_log_gets_a_new_one(tmp_path
     with h5py.File(path, "a") as f:  # a log written before ids: none, not an error
         del f.attrs["log_id"]
     assert read_log_id(path) is None
-    make_log(path, range(2, 4))  # (and a resume gives it none)
-    assert read_log_id(path) is None
+    make_log(path, range(2, 4))  # its first resume gives it one, which later resumes keep
+    given = read_log_id(path)
+    assert re.fullmatch(r"[0-9a-f]{32}", given) and given != first
+    make_log(path, range(4, 6))
+    assert read_log_id(path) == given
+    assert_records(read_run(path), range(6))
 
 
 def test_an_hdf5_runtime_error_on_open_is_a_run_log_error(tmp_path, monkeypatch):
@@ -163,6 +168,21 @@ def test_a_log_with_a_corrupt_superblock_is_refused_at_once(tmp_path, call):
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert "corrupt or truncated HDF5 file, cannot open it" in proc.stdout and "checksum" in proc.stdout, \
+        proc.stdout + proc.stderr[-2000:]
+
+
+def test_appending_to_a_log_left_open_with_a_bad_header_is_refused_in_seconds(tmp_path):
+    """A log a killed writer left open opens only in SWMR mode, whose reader retries a bad checksum for minutes:
+    appending (a resume) checks it in a child process with a time limit first and refuses it, naming why."""
+    from _runlog_writer import left_open_with_a_bad_header
+
+    path = tmp_path / "run.h5"
+    left_open_with_a_bad_header(path)
+    code = ("import sys; from probes.runlog import RunLog, RunLogError\n"
+            "try:\n    RunLog(sys.argv[1], config={}, seed=0, probes={})\nexcept RunLogError as err:\n    print(err)")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "left open by its writer and unreadable: reading it did not finish within" in proc.stdout, \
         proc.stdout + proc.stderr[-2000:]
 
 

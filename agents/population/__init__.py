@@ -61,11 +61,12 @@ def checkpointed_groups(out: Path) -> list[list[Path]]:
 def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
     """The first member folder in which a run started afresh after ``checkpoint`` was written, else None: such a
     checkpoint is stale, its members' logs are another run's. Where the members list beside it records a member's
-    log id, a folder whose ``run.h5`` has another id or is gone (every fresh start, population or single run, makes a
-    new log), whatever the file times, so a study copied without them resumes; where it records none (a list from
-    before ids, a log from before ids) or the log is unreadable (a fresh start killed while creating it, a corrupt
-    file: checked in a child process first, as HDF5 can hang on corrupt metadata), a folder whose ``config.yaml``
-    (which only a fresh start writes) is newer than the checkpoint."""
+    log id, a folder whose ``run.h5`` has another id, is gone or is unreadable (every fresh start, population or
+    single run, makes a new log, and one killed while creating it leaves a broken file; a log the checkpoint could
+    not resume from anyway; checked in a child process first, as HDF5 can hang on corrupt metadata), whatever the
+    file times, so a study copied without them resumes; where it records none (a list from before ids, a log from
+    before ids: resuming gives it one), a folder whose ``config.yaml`` (which only a fresh start writes) is newer
+    than the checkpoint."""
     from probes.logcheck import check_logs  # (imported here: the probes package loads torch, which planning a grid
     from probes.runlog import RunLogError, read_log_id  # does not otherwise need)
 
@@ -79,15 +80,15 @@ def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
     logs = [d / "run.h5" for d in map(Path, dirs) if isinstance(ids.get(d), str) and (d / "run.h5").exists()]
     unreadable = {path for path, why in check_logs(logs).items() if why} if logs else set()
     for d in map(Path, dirs):
-        if isinstance(recorded := ids.get(d), str) and os.fspath(d / "run.h5") not in unreadable:
+        if isinstance(recorded := ids.get(d), str):
+            if os.fspath(d / "run.h5") in unreadable:
+                return d
             try:
                 if read_log_id(d / "run.h5") != recorded:
                     return d
                 continue
-            except FileNotFoundError:
+            except (FileNotFoundError, RunLogError, OSError, RuntimeError):
                 return d
-            except (RunLogError, OSError, RuntimeError):
-                pass  # unreadable: the file times decide
         try:
             if (d / "config.yaml").stat().st_mtime > written:
                 return d

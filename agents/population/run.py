@@ -229,15 +229,20 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
     seen = state["seen"] if state else [0] * len(members)
     logs = []
-    for m, (c, d) in enumerate(zip(configs, dirs)):
-        d.mkdir(parents=True, exist_ok=True)
-        logs.append(MemberLog(pop, m, c, d / "run.h5", device, state["logs"][m] if state else None,
-                              extra_attrs={"engine": f"population:{pop.implementation}",
-                                           "population_size": len(members)}))
-        if state is None:  # (after its log: a start killed in between leaves no config.yaml beside another's log)
-            (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
-    # for the grid runner and later resumes: which runs, and which of their logs, this checkpoint (once written) holds
-    record_members(path, dirs, Path(out), [log.runner.log.log_id for log in logs])
+    try:
+        for m, (c, d) in enumerate(zip(configs, dirs)):
+            d.mkdir(parents=True, exist_ok=True)
+            logs.append(MemberLog(pop, m, c, d / "run.h5", device, state["logs"][m] if state else None,
+                                  extra_attrs={"engine": f"population:{pop.implementation}",
+                                               "population_size": len(members)}))
+            if state is None:  # (after its log: a start killed in between leaves no config.yaml beside another's log)
+                (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+        # for the grid runner and later resumes: which runs, and which of their logs, this checkpoint holds
+        record_members(path, dirs, Path(out), [log.runner.log.log_id for log in logs])
+    except BaseException:  # (the logs opened so far: their files and locks are not left to the process's end)
+        for log in logs:
+            log.close()
+        raise
     # the TD loss and learning rate of the first update, of the first at or after each hundredth of the run, and of
     # the last (probes.sb3.ProbeCallback's cadence with one update per step)
     loss_every, first_update = max(1, steps // 100), int(configs[0]["learning_starts"]) + 1
