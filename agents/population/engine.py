@@ -54,13 +54,17 @@ __all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
 COMPILE_FROM = 500_000
-#: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for their group max (amax and its
-#: backward) is slower than eager's (MountainCar, P = 32, one thread: Maxout 306 agent-steps/s compiled vs 550
-#: batched, LWTA 426 vs 594; again with :mod:`agents.allocator`'s setting: Maxout 309 vs 599, LWTA 405 vs 657)
-EAGER_FASTER = (Maxout, LWTA)
+#: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for LWTA's group max (amax and its
+#: backward) is slower than eager's (MountainCar, P = 32, one thread: 405 agent-steps/s compiled vs 657 batched);
+#: Maxout's was too (309 vs 599) until it took its input slab by slab (:data:`SLAB_INPUTS`: 1,066 vs 724 and 3.95x
+#: vs 2.53x SB3 in two runs, studies running beside)
+EAGER_FASTER = (LWTA,)
 #: Linear layers with at most this many outputs run as a fused product-sum under "compiled", unless they follow a
 #: layer of :data:`MATMUL_AFTER`
 NARROW = 16
+#: under "compiled", a Maxout layer after a Linear layer of at most this many inputs takes its input slab by slab
+#: (:func:`_slab_linear`)
+SLAB_INPUTS = 64
 #: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
 #: was slower (MountainCar, P = 32: FTA 352 agent-steps/s fused vs 673 as a matmul, LWTA 345 vs 426; FTA 1,087 as a
 #: matmul with :mod:`agents.allocator`'s setting)
@@ -78,9 +82,17 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
         return None
     steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
     previous: nn.Module | None = None
+    previous_name = ""
     for name, mod in base.named_children():
         fuse = compiled and type(previous) not in MATMUL_AFTER
-        previous = mod
+        if compiled and type(mod) is Maxout and _slab_linear_ok(previous) and previous.out_features % mod.k == 0:
+            # the Linear before it computes its units slab by slab (unit j of every group first, j = 0..k-1), so
+            # that the group max is k - 1 elementwise maxima of contiguous slabs, which Inductor vectorises
+            steps[-1] = lambda p, x, n=previous_name, k=mod.k: _slab_linear(p[f"{n}.weight"], p[f"{n}.bias"], x, k)
+            steps.append(lambda p, x, k=mod.k: _slab_max(x, k))
+            previous, previous_name = mod, name
+            continue
+        previous, previous_name = mod, name
         if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
             steps.append(lambda p, x, n=name: (x[..., None, :] * p[f"{n}.weight"][:, None]).sum(-1)
                          + p[f"{n}.bias"][:, None, :])
@@ -107,6 +119,30 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
         return x
 
     return forward
+
+
+def _slab_linear_ok(mod: nn.Module | None) -> bool:
+    """Whether a Linear layer's weight is cheap to permute per call (a few inputs, as the first layer's): it costs
+    ``out x in`` copies per member against ``batch x out`` activations."""
+    return type(mod) is nn.Linear and mod.bias is not None and mod.in_features <= SLAB_INPUTS
+
+
+def _slab_linear(weight: Tensor, bias: Tensor, x: Tensor, k: int) -> Tensor:
+    """``x @ weight.T + bias`` ``(P, B, out)`` with its units reordered into ``k`` slabs: unit ``g * k + j`` (unit
+    ``j`` of group ``g``) at ``j * (out / k) + g``."""
+    P, out, inputs = weight.shape
+    w = weight.unflatten(1, (out // k, k)).transpose(1, 2).reshape(P, out, inputs)
+    b = bias.unflatten(1, (out // k, k)).transpose(1, 2).reshape(P, out)
+    return torch.baddbmm(b[:, None, :], x, w.transpose(1, 2))
+
+
+def _slab_max(x: Tensor, k: int) -> Tensor:
+    """Maxout of :func:`_slab_linear`'s output: the elementwise max of its ``k`` slabs ``(P, B, out / k)``."""
+    n = x.shape[-1] // k
+    m = x[..., :n]
+    for j in range(1, k):
+        m = torch.maximum(m, x[..., j * n:(j + 1) * n])
+    return m
 
 
 def _td_losses(q_values: Callable[[Mapping[str, Tensor], Tensor], Tensor], gamma: float, params: Mapping[str, Tensor],
