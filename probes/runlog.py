@@ -457,8 +457,8 @@ def _open_for_append(path: str) -> h5py.File:
     try:
         _open_read(path, swmr=False).close()
     except RunLogError as err:
-        if not any(text in str(err) for text in OPEN_FOR_WRITE):
-            raise
+        if isinstance(err.__cause__, BlockingIOError) or not any(text in str(err) for text in OPEN_FOR_WRITE):
+            raise  # (a live writer outside SWMR mode holds it: said as such)
         from .logcheck import check_logs  # (a child process: only for logs left open, as by a killed writer)
 
         if why := check_logs([path])[path]:

@@ -36,8 +36,9 @@ def main(path: str, n_records: int, sleep_s: float) -> None:
 
 
 def left_open_with_a_bad_header(path: str | os.PathLike) -> None:
-    """A new run log at ``path`` (replacing any file there) whose writer died with it open (its superblock marks it open for write) and with one
-    byte of the root group's object header flipped (its checksum fails: HDF5's SWMR reader retries for minutes)."""
+    """A new run log at ``path`` (replacing any file there) whose writer died with it open (its superblock marks it
+    open for write), with one byte of the root group's object header flipped (its checksum fails: HDF5's SWMR
+    reader retries for minutes)."""
     code = ("import os, sys; from probes.runlog import RunLog; "
             "log = RunLog(sys.argv[1], config={}, seed=0, probes={}, overwrite=True); os._exit(0)")
     subprocess.run([sys.executable, "-c", code, os.fspath(path)], check=True,

@@ -118,7 +118,8 @@ def test_resume_appends_and_adds_probes(tmp_path):
 
 
 def test_a_log_keeps_its_id_when_resumed_and_a_fresh_log_gets_a_new_one(tmp_path):
-    """A resume keeps a log's id, a fresh run in its place gets a new one, a log from before ids gets one when resumed."""
+    """A resume keeps a log's id, a fresh run in its place gets a new one, a log from before ids gets one when
+    resumed."""
     path = tmp_path / "run.h5"
     make_log(path, range(2))
     first = read_log_id(path)
@@ -184,6 +185,23 @@ def test_appending_to_a_log_left_open_with_a_bad_header_is_refused_in_seconds(tm
                           cwd=Path(__file__).resolve().parents[1])
     assert "left open by its writer and unreadable: reading it did not finish within" in proc.stdout, \
         proc.stdout + proc.stderr[-2000:]
+
+
+def test_appending_to_a_log_another_process_holds_outside_swmr_mode_says_so(tmp_path):
+    """Refused at once, naming the lock (not checked in a child as a killed writer's log is: the holder is alive)."""
+    path = tmp_path / "run.h5"
+    make_log(path, range(2))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, h5py; f = h5py.File(sys.argv[1], 'a'); "
+                               "print('open', flush=True); time.sleep(60)", str(path)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(RunLogError, match=r"^\S*run\.h5: locked by another process writing it outside SWMR mode"):
+            RunLog(path, config={}, seed=0, probes=PROBES)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
 
 
 def test_resume_with_conflicting_field_fails(tmp_path):
