@@ -27,9 +27,10 @@ SIGTERM does the same (exit status 143). With ``--workers`` 2 or more, a signal 
 ``ERROR.txt`` in its run directory) and the others go on; the grid then exits with status 1.
 
 ``engine: population`` (``dqn`` grids only; optionally ``population_size: N``, the most members per population)
-trains the runs whose configs differ only in seed, learning rate and buffer size together, as one population in one
-process (:func:`agents.population.run.train_population`): each member's run folder is the one the run would have
-alone, with the same ``DONE.json``; a population stopped or killed continues from its checkpoint with ``--resume``.
+trains the runs whose configs differ only in seed, learning rate, buffer size and epsilon schedule
+(:data:`agents.population.MEMBER_KEYS`) together, as one population in one process
+(:func:`agents.population.run.train_population`): each member's run folder is the one the run would have alone, with
+the same ``DONE.json``; a population stopped or killed continues from its checkpoint with ``--resume``.
 
 The local backend is a process pool with one torch thread per worker; ``--backend ray`` runs the same tasks (a run,
 or a population) on a Ray cluster, one CPU and one torch thread each: the cluster at ``RAY_ADDRESS``, else a local

@@ -306,6 +306,26 @@ def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffe
     assert [len(t.runs) for t in tasks(plan(_population_spec(), tmp_path))] == [4, 4]  # no population_size: all
 
 
+def test_population_tasks_group_runs_that_differ_in_their_epsilon_schedules(tmp_path):
+    from agents.grid import PopulationTask, tasks
+    from agents.population import MEMBER_KEYS
+    from agents.population.engine import Member
+    from agents.population.run import member_configs
+
+    spec = _population_spec()
+    spec["fixed"]["set"] = [*spec["fixed"]["set"], "exploration_initial_eps=0.9"]
+    spec["grids"] = [{"act": ["relu"], "lr": [0.001], "seed": [0, 1], "buffer_size": [100],
+                      "exploration_final_eps": [0.01, 0.1], "exploration_steps": [200]}]
+    work = tasks(plan(spec, tmp_path))
+    assert len(work) == 1 and isinstance(work[0], PopulationTask) and len(work[0].runs) == 4
+    assert not {"exploration_final_eps", "exploration_steps"} & set(work[0].values)
+    assert work[0].values["set"] == ["learning_starts=100"]
+    members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in work[0].runs]
+    assert {(m.exploration_initial_eps, m.exploration_final_eps, m.exploration_steps) for m in members} == \
+        {(0.9, 0.01, 200), (0.9, 0.1, 200)}
+    assert member_configs(work[0].values, members) == [r.config for r in work[0].runs]
+
+
 def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tmp_path, monkeypatch, capsys,
                                                                             full_disk_at_results):
     # A population of seeds 0 and 1 stops with a checkpoint (a full disk at its results); the grid is then extended

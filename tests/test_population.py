@@ -10,8 +10,10 @@ import json
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from agents.population.engine import COMPILE_FROM, Draws, Member, Population, member_q_net
+from agents.population.run import member_configs
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
@@ -70,16 +72,19 @@ class Injected:
         return idx
 
 
-MEMBERS = [Member(seed=0, learning_rate=1e-3, buffer_size=10_000), Member(seed=1, learning_rate=3e-4, buffer_size=300)]
+#: the second member has its own epsilon schedule (the first the config's)
+MEMBERS = [Member(seed=0, learning_rate=1e-3, buffer_size=10_000),
+           Member(seed=1, learning_rate=3e-4, buffer_size=300, exploration_initial_eps=0.6, exploration_final_eps=0.1,
+                  exploration_steps=400)]
 
 
 @pytest.fixture(scope="module", params=["elephant", "relu"])
 def lockstep(request):
-    """Two SB3 runs (seeds 0 and 1, learning rates 1e-3 and 3e-4, buffers 1e4 and 300) and the population of both
-    members ("loop": the kernels SB3 runs) with the SB3 runs' draws injected."""
-    configs = [resolve("dqn", {"env": "MountainCar-v0", "act": request.param, "seed": m.seed,
-                               "learning_rate": m.learning_rate, "buffer_size": m.buffer_size, "n_timesteps": STEPS})
-               for m in MEMBERS]
+    """Two SB3 runs (seeds 0 and 1, learning rates 1e-3 and 3e-4, buffers 1e4 and 300, the second with epsilon
+    0.6 -> 0.1 over 400 steps) and the population of both members ("loop": the kernels SB3 runs) with the SB3 runs'
+    draws injected."""
+    configs = member_configs({"env": "MountainCar-v0", "act": request.param, "n_timesteps": STEPS}, MEMBERS)
+    assert configs[1]["exploration_final_eps"] == 0.1 and configs[0]["exploration_final_eps"] == 0.01
     runs = [sb3_run(c) for c in configs]
     pop = Population(configs[0], MEMBERS, draws=Injected([d for d, _ in runs]), implementation="loop")
     pop.learn(STEPS)
@@ -605,8 +610,55 @@ def test_member_keys_are_the_members_fields():
     assert MEMBER_KEYS == tuple(f.name for f in dataclasses.fields(Member))
 
 
+def test_each_member_follows_its_own_epsilon_schedule():
+    """The members' epsilons against PaperDQN's schedule for each member's config (a schedule field left None is
+    the config's), from the first step to past the longest decay, a decay of 0 steps included."""
+    from agents.rl.run import build_model
+
+    values = {"env": "MountainCar-v0", "act": "relu", "hidden": 8}
+    members = [Member(0, 1e-3, 100), Member(1, 1e-3, 100, exploration_final_eps=0.2),
+               Member(2, 1e-3, 100, exploration_initial_eps=0.5, exploration_steps=3000),
+               Member(3, 1e-3, 100, exploration_steps=0)]
+    configs = member_configs(values, members)
+    pop = Population(configs[0], members)
+    models = [build_model(c) for c in configs]
+    for t in (0, 999, 1000, 1001, 1500, 2000, 2500, 4000, 10_000):
+        assert pop.epsilon(t).tolist() == [m.epsilon(t) for m in models], t
+
+
+def test_a_bad_epsilon_schedule_is_refused_naming_the_member():
+    config = resolve("dqn", {"env": "MountainCar-v0"})
+    for bad in ({"exploration_final_eps": 1.5}, {"exploration_initial_eps": -0.1}, {"exploration_steps": -5}):
+        with pytest.raises(ValueError, match=r"member Member\(seed=1.*epsilons must lie in \[0, 1\] and "
+                                             "exploration_steps be an integer >= 0"):
+            Population(config, [MEMBERS[0], Member(1, 1e-3, 300, **bad)])
+
+
+def test_a_checkpoint_from_before_per_member_schedules_resumes_with_the_configs():
+    """A pickled population without the schedule arrays (checkpoints written before them) gets the config's."""
+    import pickle
+
+    config = resolve("dqn", {"env": "MountainCar-v0", "act": "relu", "hidden": 8})
+    pop = Population(config, [Member(0, 1e-3, 100)])
+    state = pop.__getstate__()
+    for k in ("eps_initial", "eps_final", "eps_steps"):
+        del state[k]
+    old = Population.__new__(Population)
+    old.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert old.epsilon(1500).tolist() == pop.epsilon(1500).tolist() == [pytest.approx(0.505)]
+
+
 def test_settings_the_engine_would_ignore_are_refused():
     for setting in ({"lr_schedule": "linear"}, {"normalize_obs": True}, {"eval_every": 500},
                     {"optimizer_kwargs": {"alpha": 0.999, "eps": 1e-8, "momentum": 0.9}}):
         with pytest.raises(ValueError, match="the population engine runs the paper's DQN as agents.train dqn does"):
             Population(resolve("dqn", {"env": "MountainCar-v0", **setting}), MEMBERS)
+
+
+def test_the_command_sweeps_epsilon_schedules_into_run_folders_of_their_own(tmp_path, capsys):
+    from agents.population.run import main
+
+    assert main(["--env", "MountainCar-v0", "--act", "relu", "--final-eps", "0.01,0.2", "--eps-steps", "100",
+                 "--steps", "120", "--set", "learning_starts=50", "--set", "net_arch=[8]", "--out", str(tmp_path)]) == 0
+    finals = sorted(yaml.safe_load(p.read_text())["exploration_final_eps"] for p in tmp_path.rglob("config.yaml"))
+    assert finals == [0.01, 0.2] and "2 members" in capsys.readouterr().err

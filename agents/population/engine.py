@@ -1,8 +1,8 @@
 """P paper-DQN agents trained in lockstep in one process: one batched network call, one optimiser step and one env
 call per step for the whole population.
 
-Each member is ``agents.train dqn`` with its own seed, learning rate and buffer size (the rest of the config is the
-population's): the same network built the same way (SB3's policy under ``set_random_seed(seed)``: the same initial
+Each member is ``agents.train dqn`` with its own seed, learning rate, buffer size and epsilon schedule (the rest of
+the config is the population's): the same network built the same way (SB3's policy under ``set_random_seed(seed)``: the same initial
 weights), the same loop order per step (act, env step, store, target copy every ``target_update_interval`` steps,
 epsilon update, then one update once past ``learning_starts``), uniform actions before ``learning_starts``, then
 epsilon-greedy with the paper's absolute schedule, MSE TD loss on SB3's replay samples (``dones * (1 - timeouts)``),
@@ -167,12 +167,32 @@ def _rmsprop(params: Sequence[Tensor], grads: Sequence[Tensor], square_avgs: Seq
 
 @dataclass(frozen=True)
 class Member:
-    """What differs between members: the seed, the learning rate and the replay buffer's size (the config keys of
-    :data:`agents.population.MEMBER_KEYS`, in order)."""
+    """What differs between members (the config keys of :data:`agents.population.MEMBER_KEYS`, in order): the seed,
+    the learning rate, the replay buffer's size and the epsilon schedule (initial and final epsilon, and the env steps
+    of its linear decay after ``learning_starts``); a schedule field left None is the population config's."""
 
     seed: int
     learning_rate: float
     buffer_size: int
+    exploration_initial_eps: float | None = None
+    exploration_final_eps: float | None = None
+    exploration_steps: int | None = None
+
+
+def _schedules(config: Mapping[str, Any], members: Sequence[Member]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The members' epsilon schedules as arrays ``(P,)``: initial and final epsilon (float64) and decay steps
+    (int64), a member's None taking the config's; a ValueError names a member's out-of-range value."""
+    rows = []
+    for m in members:
+        row = tuple(config[k] if v is None else v for k, v in (("exploration_initial_eps", m.exploration_initial_eps),
+                                                                ("exploration_final_eps", m.exploration_final_eps),
+                                                                ("exploration_steps", m.exploration_steps)))
+        if not (0 <= row[0] <= 1 and 0 <= row[1] <= 1) or row[2] is None or int(row[2]) != row[2] or row[2] < 0:
+            raise ValueError(f"member {m}: epsilons must lie in [0, 1] and exploration_steps be an integer >= 0; "
+                             f"got initial {row[0]}, final {row[1]}, steps {row[2]}")
+        rows.append(row)
+    initial, final, steps = zip(*rows)
+    return np.array(initial, dtype=np.float64), np.array(final, dtype=np.float64), np.array(steps, dtype=np.int64)
 
 
 class Draws:
@@ -210,9 +230,9 @@ def member_q_net(config: Mapping[str, Any], seed: int) -> nn.Module:
 
 
 class Population:
-    """The members of ``members`` on ``config`` (a resolved ``dqn`` config; its seed, learning rate and buffer size
-    are the members'), stepping ``make_batched(config["env"])`` with one copy per member (copy ``m`` seeded with
-    member ``m``'s seed, as ``make_vec_env`` seeds a run's env).
+    """The members of ``members`` on ``config`` (a resolved ``dqn`` config; its seed, learning rate, buffer size and
+    epsilon schedule are the members'), stepping ``make_batched(config["env"])`` with one copy per member (copy
+    ``m`` seeded with member ``m``'s seed, as ``make_vec_env`` seeds a run's env).
 
     ``nets``: initial networks per member (default :func:`member_q_net`); ``draws``: the members' randomness
     (default :class:`Draws`).
@@ -235,7 +255,7 @@ class Population:
                                                    ("normalize_reward", False), ("eval_every", None),
                                                    ("sb3_log", None)) if (config.get(k) or ok) != ok}
         opt_extra = set(config.get("optimizer_kwargs") or {}) - {"alpha", "eps", "foreach"}
-        if ignored or opt_extra or not config.get("exploration_steps"):
+        if ignored or opt_extra or config.get("exploration_steps") is None:
             got = ignored or (f"optimizer_kwargs {sorted(opt_extra)}" if opt_extra else "exploration_steps unset")
             raise ValueError("the population engine runs the paper's DQN as agents.train dqn does with constant "
                              "learning rates, RMSprop's alpha and eps, raw observations and rewards, no evaluation "
@@ -275,6 +295,7 @@ class Population:
         opt = dict(config.get("optimizer_kwargs") or {})
         self.alpha, self.eps = float(opt.get("alpha", 0.99)), float(opt.get("eps", 1e-8))
         self.lr = torch.tensor([m.learning_rate for m in members], dtype=self.dtype, device=self.device)
+        self.eps_initial, self.eps_final, self.eps_steps = _schedules(config, members)
         self.env: BatchedEnv = make_batched(config["env"], self.P, max_episode_steps=config.get("max_episode_steps"),
                                             seeds=[m.seed for m in members])
         self.n_actions = self.env.n_actions
@@ -316,6 +337,8 @@ class Population:
         self.__dict__.update(state)
         self.__dict__.setdefault("diverged", np.zeros(self.P, dtype=np.int64))  # (checkpoints of before 2026-11-23)
         self.__dict__.setdefault("_auto", True)
+        if "eps_steps" not in state:  # (checkpoints of before per-member schedules: the config's for every member)
+            self.eps_initial, self.eps_final, self.eps_steps = _schedules(self.config, self.members)
         self._compiled_ok = False  # (compiled again here, maybe on another machine)
         self._build_paths()
 
@@ -338,18 +361,19 @@ class Population:
 
     # --- the loop ---------------------------------------------------------------------------------------
 
-    def epsilon(self, t: int) -> float:
-        c = self.config
-        frac = min(max((t - c["learning_starts"]) / max(1, c["exploration_steps"]), 0.0), 1.0) \
-            if c["exploration_steps"] else 1.0
-        return c["exploration_initial_eps"] + frac * (c["exploration_final_eps"] - c["exploration_initial_eps"])
+    def epsilon(self, t: int) -> np.ndarray:
+        """The members' exploration rates ``(P,)`` after ``t`` env steps (each its own absolute schedule, as
+        ``agents.rl.dqn.PaperDQN.epsilon``)."""
+        frac = np.clip((t - self.config["learning_starts"]) / np.maximum(self.eps_steps, 1), 0.0, 1.0)
+        frac = np.where(self.eps_steps == 0, 1.0, frac)
+        return self.eps_initial + frac * (self.eps_final - self.eps_initial)
 
     def _actions(self) -> np.ndarray:
         t = self.num_timesteps
         if t < self.config["learning_starts"]:
             return np.array([self.draws.action(m) for m in range(self.P)])
         eps = self.epsilon(t)
-        coins = [self.draws.explore(m) < eps for m in range(self.P)]
+        coins = [self.draws.explore(m) < eps[m] for m in range(self.P)]
         with torch.no_grad():
             greedy = self.q_values(torch.as_tensor(self.obs, device=self.device)[:, None]).argmax(-1)[:, 0]
         greedy = greedy.cpu().numpy()

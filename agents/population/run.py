@@ -1,10 +1,11 @@
 """Train a population and write one run folder per member, as ``agents.train dqn`` writes a run.
 
     python -m agents.population.run --env MountainCar-v0 --act elephant --seeds 0-4 --lrs 1e-3,3e-4 \\
-        --buffers 100,10000 [--steps N] [--set KEY=VALUE ...] --out runs/population
+        --buffers 100,10000 [--final-eps 0.01,0.1] [--eps-steps 1000,5000] [--steps N] [--set KEY=VALUE ...] \\
+        --out runs/population
 
-Members are the product of seeds x learning rates x buffer sizes; each gets the config ``agents.train dqn`` would
-resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``),
+Members are the product of seeds x learning rates x buffer sizes (x final epsilons x decay steps); each gets the
+config ``agents.train dqn`` would resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``),
 so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
 lengths, the TD loss and learning rate (as a single run's: the first update, every hundredth of the run, the last);
 the run log's ``engine`` attribute says ``population:<implementation>``; the member's final Q-network is
@@ -29,6 +30,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +58,10 @@ PROG = "python -m agents.population.run"
 
 
 def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list[dict[str, Any]]:
-    """Each member's resolved ``dqn`` config (``values`` plus its seed, learning rate and buffer size)."""
-    return [resolve("dqn", {**values, "seed": m.seed, "learning_rate": m.learning_rate,
-                            "buffer_size": m.buffer_size}) for m in members]
+    """Each member's resolved ``dqn`` config (``values`` plus the member's fields, :data:`MEMBER_KEYS`, but those
+    it leaves None)."""
+    return [resolve("dqn", {**values, **{k: v for k, v in zip(MEMBER_KEYS, astuple(m)) if v is not None}})
+            for m in members]
 
 
 class MemberLog:
@@ -192,7 +195,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
     for c in configs[1:]:
         if {k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} != shared:
-            raise ConfigError("population members may differ in seed, learning rate and buffer size only")
+            raise ConfigError(f"population members may differ in {', '.join(MEMBER_KEYS)} only")
     dirs = member_dirs(configs, out)
     steps = configs[0]["n_timesteps"]
     if checkpoint_every is None:  # the config's (a grid's or --set's), as a single run's
@@ -324,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="e.g. 0-4 or 0,2,5")
     parser.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the env's)")
     parser.add_argument("--buffers", default=None, help="comma-separated buffer sizes (default: the env's)")
+    parser.add_argument("--final-eps", default=None,
+                        help="comma-separated final epsilons of the members' schedules (default: the env's)")
+    parser.add_argument("--eps-steps", default=None,
+                        help="comma-separated env steps of epsilon's decay after learning_starts (default: the env's)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--implementation", default="auto")
@@ -342,7 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = resolve("dqn", values)
         lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else [base["learning_rate"]]
         buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else [base["buffer_size"]]
-        members = [Member(s, lr, b) for s, lr, b in itertools.product(_ints(args.seeds), lrs, buffers)]
+        finals = [float(x) for x in args.final_eps.split(",")] if args.final_eps else [None]
+        decays = [int(x) for x in args.eps_steps.split(",")] if args.eps_steps else [None]
+        members = [Member(s, lr, b, exploration_final_eps=f, exploration_steps=n)
+                   for s, lr, b, f, n in itertools.product(_ints(args.seeds), lrs, buffers, finals, decays)]
         with contextlib.ExitStack() as locks:  # one writer per run folder, as agents.train
             for d in member_dirs(member_configs(values, members), args.out):
                 d.mkdir(parents=True, exist_ok=True)
