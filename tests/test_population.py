@@ -300,11 +300,11 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
     assert report.returncode == 0, report.stderr
 
 
-@pytest.mark.long  # five processes (~50 s): .ci/run's step of long tests
+@pytest.mark.long  # five processes: .ci/run's step of long tests
 def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
-    """SIGKILL right after the second checkpoint, or SIGTERM (a checkpoint of the step it stops after), then
-    --resume: every member's log, probes and final weights equal those of an uninterrupted population (a kill loses at
-    most one checkpoint interval of work, nothing of the result)."""
+    """A population of 64 (32 seeds x 2 learning rates): SIGKILL right after the second checkpoint, or SIGTERM (a
+    checkpoint of the step it stops after), then --resume: every member's log, probes and final weights equal those
+    of an uninterrupted population (a kill loses at most one checkpoint interval of work, nothing of the result)."""
     import os
     import signal
     import subprocess
@@ -317,7 +317,7 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     args = [sys.executable, "-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
-            "0-2", "--lrs", "1e-3,1e-4", "--steps", "600", "--set", "max_episode_steps=150", "--set",
+            "0-31", "--lrs", "1e-3,1e-4", "--steps", "600", "--set", "max_episode_steps=150", "--set",
             "learning_starts=200", "--set", "hidden=[64]", "--set", "probe=[gradcov]", "--set", "probe_every=300",
             "--checkpoint-every", "200"]
     env = {k: v for k, v in os.environ.items() if k != KILL_AT}
@@ -328,7 +328,7 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     assert killed.returncode == -signal.SIGKILL
     resumed = subprocess.run([*args, "--resume", "--out", str(tmp_path / "run")], cwd=root, env=env,
                              capture_output=True, text=True)
-    assert resumed.returncode == 0 and "resuming the population of 6 at step 400" in resumed.stderr, resumed.stderr
+    assert resumed.returncode == 0 and "resuming the population of 64 at step 400" in resumed.stderr, resumed.stderr
     # SIGTERM once the first checkpoint exists: a checkpoint of the step it stopped after, exit 143, resumed
     term = subprocess.Popen([*args, "--out", str(tmp_path / "term")], cwd=root, env=env, stderr=subprocess.PIPE,
                             text=True)
@@ -339,9 +339,9 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     assert "stopped by signal 15 at step" in term.stderr.read()
     again = subprocess.run([*args, "--resume", "--out", str(tmp_path / "term")], cwd=root, env=env,
                            capture_output=True, text=True)
-    assert again.returncode == 0 and "resuming the population of 6 at step" in again.stderr, again.stderr
+    assert again.returncode == 0 and "resuming the population of 64 at step" in again.stderr, again.stderr
     logs = sorted((tmp_path / "ref").rglob("run.h5"))
-    assert len(logs) == 6
+    assert len(logs) == 64
     for a, b in ((a, tmp_path / out / a.relative_to(tmp_path / "ref")) for a in logs for out in ("run", "term")):
         ra, rb = read_run(a), read_run(b)
         for name in ra.scalars:
