@@ -1,6 +1,7 @@
 """Run a grid of configurations: expand it, skip finished runs, execute the rest in parallel.
 
-    python -m agents.grid GRID.yml --out DIR [--workers N] [--backend local|ray] [--resume] [--dry-run]
+    python -m agents.grid GRID.yml --out DIR [--workers N] [--backend local|ray] [--resume] [--dry-run] \\
+        [--axis KEY=VALUES ...]
 
 A grid file (YAML) names a command of ``agents.train``, optionally plugin modules to import (:mod:`probes.plugins`),
 and one or more sub-grids whose lists are crossed::
@@ -140,6 +141,48 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
         for combo in itertools.product(*values):
             out.append({**fixed, **dict(zip(keys, combo))})
     return out
+
+
+def axis_values(text: str) -> list[Any]:
+    """``--axis`` values: comma-separated numbers or words, ``A-B`` an inclusive integer range (``0-9``)."""
+    out: list[Any] = []
+    for item in (i.strip() for i in text.split(",")):
+        lo, dash, hi = item.partition("-")
+        if dash and lo.isdigit() and hi.isdigit():
+            out.extend(range(int(lo), int(hi) + 1))
+            continue
+        for kind in (int, float):
+            try:
+                out.append(kind(item))
+                break
+            except ValueError:
+                pass
+        else:
+            out.append(yaml.safe_load(item) if item else item)
+    return out
+
+
+def with_axes(spec: Mapping[str, Any], axes: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """``spec`` with each key of ``axes`` taking those values in every sub-grid (replacing the key's list there, or
+    its value in ``fixed`` and its ``set`` list; ``lr`` and ``learning_rate`` name one key), sub-grids made identical
+    by that dropped: how a grid file scales by flags (``--axis seed=0-9 --axis lr=1e-3,3e-4``) without an edited
+    copy."""
+    from agents.rl.config import ALIASES
+
+    def same(a: str, b: str) -> bool:
+        return ALIASES.get(a, a) == ALIASES.get(b, b)
+
+    fixed = {k: v for k, v in (spec.get("fixed") or {}).items() if not any(same(k, key) for key in axes)}
+    if "set" in fixed:  # (KEY=VALUE items)
+        items = [fixed["set"]] if isinstance(fixed["set"], str) else list(fixed["set"])
+        fixed["set"] = [i for i in items if not any(same(str(i).partition("=")[0].strip(), key) for key in axes)]
+    grids: list[dict[str, Any]] = []
+    for grid in spec.get("grids") or [{}]:
+        grid = {**{k: v for k, v in grid.items() if not any(same(k, key) for key in axes)},
+                **{key: list(values) for key, values in axes.items()}}
+        if grid not in grids:
+            grids.append(grid)
+    return {**spec, "fixed": fixed, "grids": grids}
 
 
 def load_grid(path: str | Path) -> dict[str, Any]:
@@ -769,9 +812,19 @@ def main(argv: list[str] | None = None) -> int:
                              "sac) instead of redoing them; stale runs are redone")
     parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished or begun "
                                                                 "with another config) or todo")
+    parser.add_argument("--axis", action="append", default=[], metavar="KEY=VALUES",
+                        help="give KEY these values in every sub-grid, replacing the file's (repeatable; VALUES "
+                             "comma-separated, A-B an integer range): --axis seed=0-9 --axis lr=1e-3,3e-4")
     args = parser.parse_args(argv)
     try:
-        runs = plan(load_grid(args.grid), args.out, args.imports)
+        spec = load_grid(args.grid)
+        if args.axis:
+            bad = [a for a in args.axis if not a.partition("=")[0].strip() or not a.partition("=")[2].strip()]
+            if bad:
+                raise ConfigError(f"--axis takes KEY=VALUES (e.g. seed=0-9 or lr=1e-3,3e-4), got {bad[0]!r}")
+            spec = with_axes(spec, {a.partition("=")[0].strip(): axis_values(a.partition("=")[2])
+                                    for a in args.axis})
+        runs = plan(spec, args.out, args.imports)
         if args.resume:
             if runs and not getattr(get_command(runs[0].command), "resumable", False):
                 raise ConfigError(f"{runs[0].command} writes no checkpoints; --resume is for "

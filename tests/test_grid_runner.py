@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.grid import GridRun, load_grid, main, plan, run_task
+from agents.grid import GridRun, expand, load_grid, main, plan, run_task
 from probes import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -583,3 +583,35 @@ def test_ctrl_c_while_the_workers_start_up_is_no_traceback_and_no_failure(tmp_pa
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "0 failed" in err and "grid interrupted by SIGINT" in err, err
+
+
+def test_axis_flags_scale_a_grid_file_to_the_papers_grid(tmp_path, capsys):
+    """``--axis`` replaces a key's values in every sub-grid (the file's lists, a fixed value, under either alias) and
+    drops the sub-grids that become identical: classic_study.yml with the paper's 8 learning rates and 10 seeds is
+    its 4,800 runs, and with its own values the file's 1,200 run folders."""
+    from agents.grid import axis_values, with_axes
+
+    assert axis_values("0-3,7") == [0, 1, 2, 3, 7] and axis_values("1e-3,3e-4") == [1e-3, 3e-4]
+    assert axis_values("elephant,relu,32") == ["elephant", "relu", 32]
+    study = load_grid(ROOT / "agents" / "grids" / "classic_study.yml")
+    paper = with_axes(study, {"learning_rate": axis_values("1e-2,3e-3,1e-3,3e-4,1e-4,3e-5,1e-5,3e-6"),
+                              "seed": axis_values("0-9")})
+    assert len(paper["grids"]) == 3  # the per-lr lines of each task's Elephant and ReLU became one
+    assert len(expand(paper)) == 2 * 6 * 5 * 8 * 10
+    same = with_axes(study, {"lr": [1e-3, 3e-4, 1e-4, 3e-5], "seed": [0, 1, 2, 3, 4]})
+    entries = [frozenset(e.items()) for e in expand(same)]
+    assert len(entries) == 1200 and set(entries) == {frozenset(e.items()) for e in expand(study)}
+    fixed = with_axes({"command": "dqn", "fixed": {"lr": 0.1, "env": "CartPole-v1"}, "grids": [{"seed": [0]}]},
+                      {"learning_rate": [1e-3]})
+    assert fixed["fixed"] == {"env": "CartPole-v1"} and fixed["grids"] == [{"seed": [0], "learning_rate": [1e-3]}]
+    in_set = with_axes({"command": "dqn", "fixed": {"set": ["learning_rate=0.5", "gamma=0.9"]}, "grids": [{}]},
+                       {"lr": [1e-3]})
+    assert in_set["fixed"] == {"set": ["gamma=0.9"]} and in_set["grids"] == [{"lr": [1e-3]}]
+    grid = tmp_path / "g.yml"
+    grid.write_text(yaml.safe_dump(_population_spec()))
+    assert main([str(grid), "--out", str(tmp_path / "o"), "--dry-run", "--axis", "seed=0-2"]) == 0
+    assert capsys.readouterr().out.count("todo") == 2 * 2 * 3
+    with pytest.raises(SystemExit) as err:
+        main([str(grid), "--out", str(tmp_path / "o"), "--dry-run", "--axis", "seed"])
+    assert err.value.code == 2 and "--axis takes KEY=VALUES (e.g. seed=0-9 or lr=1e-3,3e-4), got 'seed'" in \
+        capsys.readouterr().err
