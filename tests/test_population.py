@@ -662,3 +662,20 @@ def test_the_command_sweeps_epsilon_schedules_into_run_folders_of_their_own(tmp_
                  "--steps", "120", "--set", "learning_starts=50", "--set", "net_arch=[8]", "--out", str(tmp_path)]) == 0
     finals = sorted(yaml.safe_load(p.read_text())["exploration_final_eps"] for p in tmp_path.rglob("config.yaml"))
     assert finals == [0.01, 0.2] and "2 members" in capsys.readouterr().err
+
+
+def test_the_benchmark_reports_rates_ratios_and_the_time_split(capsys):
+    """A smoke run of ``agents.population.bench`` (2 sizes, 20 timed steps): its JSON has every size's rate, its
+    ratio to SB3 (the mean of SB3 before and after) and the shares of acting, env and update."""
+    from agents.population.bench import main
+
+    assert main(["--act", "relu", "--sizes", "1,2", "--steps", "20", "--implementations", "batched", "--json"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    base = result["sb3_steps_per_second"]
+    assert base == pytest.approx(sum(result["sb3_before_after"]) / 2) and base > 0
+    assert [(r["implementation"], r["P"]) for r in result["population"]] == [("batched", 1), ("batched", 2)]
+    for r in result["population"]:
+        assert r["ratio_to_sb3"] == pytest.approx(r["steps_per_second"] / base)
+        assert set(r["time_share"]) == {"acting", "env", "update"} and 0 < sum(r["time_share"].values()) <= 1
+    assert "x SB3" in out.err
