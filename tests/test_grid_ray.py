@@ -1,6 +1,7 @@
 """``python -m agents.grid --backend ray`` on a real Ray cluster started here on loopback (2 CPUs): its results equal
 the local backend's, a worker SIGKILLed mid-run is reported and ``--resume`` finishes its run exactly, and
-``engine: population`` grids run as Ray tasks into the run folders the reports read (``--workers`` at a time).
+``engine: population`` grids run as Ray tasks into the run folders the reports read (``--workers`` at a time), a
+killed population resuming from its checkpoint.
 
 The grids run in this process (one Ray job, so its workers import torch once), except a resume, which runs
 ``python -m agents.grid`` with ``RAY_ADDRESS`` as a user would."""
@@ -239,3 +240,42 @@ def test_populations_run_as_ray_tasks_into_the_folders_reports_read(cluster, tmp
     assert not warnings and (row.env, row.act, row.buffer_size, row.n_seeds) == ("MountainCar-v0", "relu", 10_000, 2)
     assert main([str(grid), "--out", str(on_ray), "--dry-run"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["done"] * 4
+
+
+def test_a_population_whose_worker_is_killed_resumes_from_its_checkpoint(cluster, tmp_path, capsys):
+    """A population of two on Ray, its worker SIGKILLed after its first checkpoint: every member is reported failed,
+    and ``--resume`` continues the population from that checkpoint to the uninterrupted population's results."""
+    grid = _write(tmp_path / "grid.yml", POPULATION.replace("steps: 600", "steps: 3000, checkpoint_every: 300")
+                  .replace("lr: [0.001, 0.0003]", "lr: [0.001]"))
+    ref, out = tmp_path / "local", tmp_path / "ray"
+    assert main([str(grid), "--out", str(ref)]) == 0
+    dirs = _run_dirs(grid, out)
+    killed: list[int] = []
+
+    def kill_after_first_checkpoint() -> None:
+        deadline = time.time() + 120
+        while not list((out / "populations").glob("*.pkl")) and time.time() < deadline:
+            time.sleep(0.01)
+        pid = json.loads((dirs[0] / ".lock").read_text())["pid"]  # the population's process: its Ray worker
+        assert "ray::" in Path(f"/proc/{pid}/cmdline").read_text()
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint)
+    killer.start()
+    status = main([str(grid), "--out", str(out), "--backend", "ray"])
+    killer.join()
+    err = capsys.readouterr().err
+    assert killed and status == 1, err
+    assert "grid done: 0 finished, 2 failed, 0 interrupted, 0 not started" in err, err
+    for d in dirs:  # as it fails, and in the summary's list
+        assert err.count(f"{d}: agents.grid.WorkerLost: the Ray worker running it died") == 2, err
+    assert not any((d / "DONE.json").exists() for d in dirs)
+    proc = subprocess.run([sys.executable, "-m", "agents.grid", str(grid), "--out", str(out), "--backend", "ray",
+                           "--resume"], cwd=ROOT, env=_ray_env(RAY_ADDRESS=cluster), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"resuming the population of 2 at step [1-9]", proc.stderr), proc.stderr
+    assert "grid done: 2 finished, 0 failed" in proc.stderr
+    for a, b in zip(_run_dirs(grid, ref), dirs, strict=True):
+        _assert_same_results(a, b)
