@@ -150,17 +150,16 @@ def test_a_grid_on_ray_equals_the_local_backend(cluster, reference, tmp_path, ca
         _assert_same_results(a, b)
 
 
-def test_a_killed_worker_is_reported_and_resume_finishes_its_run(cluster, reference, tmp_path, capsys):
-    grid, ref = reference
-    out = tmp_path / "runs"
-    victim, other = _run_dirs(grid, out)
+def _ray_grid_killing_its_writer(grid: Path, out: Path, run_dir: Path, checkpointed) -> tuple[int, list[int]]:
+    """Run ``grid`` on Ray and SIGKILL the Ray worker writing ``run_dir`` (its run lock's pid) once
+    ``checkpointed()`` is true; the grid's exit status and the pids killed."""
     killed: list[int] = []
 
     def kill_after_first_checkpoint() -> None:
         deadline = time.time() + 120
-        while not (victim / "checkpoint.pkl").exists() and time.time() < deadline:
+        while not checkpointed() and time.time() < deadline:
             time.sleep(0.01)
-        pid = json.loads((victim / ".lock").read_text())["pid"]  # the run folder's writer: its Ray worker
+        pid = json.loads((run_dir / ".lock").read_text())["pid"]  # the run folder's writer: its Ray worker
         assert "ray::" in Path(f"/proc/{pid}/cmdline").read_text()
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -169,6 +168,14 @@ def test_a_killed_worker_is_reported_and_resume_finishes_its_run(cluster, refere
     killer.start()
     status = main([str(grid), "--out", str(out), "--backend", "ray"])
     killer.join()
+    return status, killed
+
+
+def test_a_killed_worker_is_reported_and_resume_finishes_its_run(cluster, reference, tmp_path, capsys):
+    grid, ref = reference
+    out = tmp_path / "runs"
+    victim, other = _run_dirs(grid, out)
+    status, killed = _ray_grid_killing_its_writer(grid, out, victim, lambda: (victim / "checkpoint.pkl").exists())
     err = capsys.readouterr().err
     assert killed and status == 1, err
     message = (f"{victim}: agents.grid.WorkerLost: the Ray worker running it died (WorkerCrashedError: The worker "
@@ -250,21 +257,8 @@ def test_a_population_whose_worker_is_killed_resumes_from_its_checkpoint(cluster
     ref, out = tmp_path / "local", tmp_path / "ray"
     assert main([str(grid), "--out", str(ref)]) == 0
     dirs = _run_dirs(grid, out)
-    killed: list[int] = []
-
-    def kill_after_first_checkpoint() -> None:
-        deadline = time.time() + 120
-        while not list((out / "populations").glob("*.pkl")) and time.time() < deadline:
-            time.sleep(0.01)
-        pid = json.loads((dirs[0] / ".lock").read_text())["pid"]  # the population's process: its Ray worker
-        assert "ray::" in Path(f"/proc/{pid}/cmdline").read_text()
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-
-    killer = threading.Thread(target=kill_after_first_checkpoint)
-    killer.start()
-    status = main([str(grid), "--out", str(out), "--backend", "ray"])
-    killer.join()
+    status, killed = _ray_grid_killing_its_writer(grid, out, dirs[0],
+                                                  lambda: bool(list((out / "populations").glob("*.pkl"))))
     err = capsys.readouterr().err
     assert killed and status == 1, err
     assert "grid done: 0 finished, 2 failed, 0 interrupted, 0 not started" in err, err
