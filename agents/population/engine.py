@@ -59,16 +59,19 @@ COMPILE_FROM = 500_000
 #: Maxout's was too (309 vs 599) until it took its input slab by slab (:data:`SLAB_INPUTS`: 1,066 vs 724 and 3.95x
 #: vs 2.53x SB3 in two runs, studies running beside)
 EAGER_FASTER = (LWTA,)
-#: Linear layers with at most this many outputs run as a fused product-sum under "compiled", unless they follow a
-#: layer of :data:`MATMUL_AFTER`
+#: Linear layers with at most this many outputs run under "compiled" as one product-sum per output, unless they
+#: follow a layer of :data:`MATMUL_AFTER`: Inductor fuses the sums into one loop that computes the layer before once
+#: (written as one broadcast product summed over its inputs, it recomputed that layer per output: MountainCar, P = 32,
+#: one thread, Elephant update 9.5-10.4 -> 6.7-7.9 ms, 2,360-2,553 -> 3,103-3,386 agent-steps/s)
 NARROW = 16
 #: under "compiled", a Maxout layer after a Linear layer of at most this many inputs takes its input slab by slab
 #: (:func:`_slab_linear`)
 SLAB_INPUTS = 64
 #: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
 #: was slower (MountainCar, P = 32: FTA 352 agent-steps/s fused vs 673 as a matmul, LWTA 345 vs 426; FTA 1,087 as a
-#: matmul with :mod:`agents.allocator`'s setting)
-MATMUL_AFTER = (Maxout, LWTA, FTA)
+#: matmul with :mod:`agents.allocator`'s setting). With one sum per output FTA is level either way (update 15.8-18.1
+#: ms as a matmul, 17.0-17.4 fused) and Maxout gains (19.5-22.3 -> 15.9-16.6 ms), so Maxout left this list
+MATMUL_AFTER = (LWTA, FTA)
 
 
 def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
@@ -76,7 +79,7 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
     ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
     run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
     form ``torch.compile`` fuses best (the Elephant formula in plain ops; a narrow Linear layer, such as the Q head,
-    as a broadcast product summed over its inputs, which Inductor fuses with the activation before it, where a
+    as one product-sum over its inputs per output, which Inductor fuses with the activation before it, where a
     matmul of a few columns is a slow call); else eager kernels (baddbmm, the fused Elephant function)."""
     if not isinstance(base, nn.Sequential):
         return None
@@ -94,8 +97,8 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
             continue
         previous, previous_name = mod, name
         if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
-            steps.append(lambda p, x, n=name: (x[..., None, :] * p[f"{n}.weight"][:, None]).sum(-1)
-                         + p[f"{n}.bias"][:, None, :])
+            steps.append(lambda p, x, n=name, out=mod.out_features: torch.stack(
+                [(x * p[f"{n}.weight"][:, None, o]).sum(-1) for o in range(out)], -1) + p[f"{n}.bias"][:, None, :])
         elif type(mod) is nn.Linear and mod.bias is not None:
             steps.append(lambda p, x, n=name: torch.baddbmm(p[f"{n}.bias"][:, None, :], x,
                                                             p[f"{n}.weight"].transpose(1, 2)))
