@@ -2,8 +2,8 @@
 call per step for the whole population.
 
 Each member is ``agents.train dqn`` with its own seed, learning rate, buffer size and epsilon schedule (the rest of
-the config is the population's): the same network built the same way (SB3's policy under ``set_random_seed(seed)``: the same initial
-weights), the same loop order per step (act, env step, store, target copy every ``target_update_interval`` steps,
+the config is the population's): the same network built the same way (SB3's policy under
+``set_random_seed(seed)``: the same initial weights), the same loop order per step (act, env step, store, target copy every ``target_update_interval`` steps,
 epsilon update, then one update once past ``learning_starts``), uniform actions before ``learning_starts``, then
 epsilon-greedy with the paper's absolute schedule, MSE TD loss on SB3's replay samples (``dones * (1 - timeouts)``),
 RMSprop with the member's learning rate. Members interact nowhere: their parameters are stacked on a leading axis
