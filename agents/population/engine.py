@@ -2,15 +2,16 @@
 call per step for the whole population.
 
 Each member is ``agents.train dqn`` with its own seed, learning rate, buffer size and epsilon schedule (the rest of
-the config is the population's): the same network built the same way (SB3's policy under
-``set_random_seed(seed)``: the same initial weights), the same loop order per step (act, env step, store, target copy every ``target_update_interval`` steps,
-epsilon update, then one update once past ``learning_starts``), uniform actions before ``learning_starts``, then
-epsilon-greedy with the paper's absolute schedule, MSE TD loss on SB3's replay samples (``dones * (1 - timeouts)``),
-RMSprop with the member's learning rate. Members interact nowhere: their parameters are stacked on a leading axis
-(``torch.func.stack_module_state``), one call runs every member's network (see :data:`IMPLEMENTATIONS`), the loss is
-the sum of the members' losses (so each member's gradient is its own), and RMSprop runs on the stacked tensors with
-a per-member learning rate. A member whose loss turns non-finite is stopped there, as a single run is: that update
-is not applied, its learning rate becomes 0 and :attr:`Population.diverged` holds the step.
+the config is the population's): the same network built the same way (SB3's policy under ``set_random_seed(seed)``:
+the same initial weights), the same loop order per step (act, env step, store, target copy every
+``target_update_interval`` steps, epsilon update, then one update once past ``learning_starts``), uniform actions
+before ``learning_starts``, then epsilon-greedy with the paper's absolute schedule, MSE TD loss on SB3's replay
+samples (``dones * (1 - timeouts)``), RMSprop with the member's learning rate. Members interact nowhere: their
+parameters are stacked on a leading axis (``torch.func.stack_module_state``), one call runs every member's network
+(see :data:`IMPLEMENTATIONS`), the loss is the sum of the members' losses (so each member's gradient is its own),
+and RMSprop runs on the stacked tensors with a per-member learning rate. A member whose loss turns non-finite is
+stopped there, as a single run is: that update is not applied, its learning rate becomes 0 and
+:attr:`Population.diverged` holds the step.
 
 Randomness is per member and explicit (:class:`Draws`): a member's exploration coin, its random actions and its
 replay indices come from its own generator, and tests inject recorded draws to compare a member with SB3's DQN.

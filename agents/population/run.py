@@ -6,12 +6,13 @@
 
 Members are the product of seeds x learning rates x buffer sizes (x final epsilons x decay steps); each gets the
 config ``agents.train dqn`` would resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``:
-``config.yaml``, ``run.h5``, ``summary.json``), so ``reports`` and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and
-lengths, the TD loss and learning rate (as a single run's: the first update, every hundredth of the run, the last);
-the run log's ``engine`` attribute says ``population:<implementation>``; the member's final Q-network is
-``q_net.pt`` (its ``state_dict``). Probes (``--set probe=[gradcov]`` ...) run per member on its own network and
-replay buffer, into its log, as in a single run. The population checkpoints to ``OUT/populations/<key>.pkl`` (its
-members' folders listed in ``<key>.members.json``) and ``--resume`` continues it exactly.
+``config.yaml``, ``run.h5``, ``summary.json``), so ``reports`` and ``reports.classic`` read populations and single
+runs alike. The log holds the episode returns and lengths, the TD loss and learning rate (as a single run's: the
+first update, every hundredth of the run, the last); the run log's ``engine`` attribute says
+``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). Probes (``--set
+probe=[gradcov]`` ...) run per member on its own network and replay buffer, into its log, as in a single run. The
+population checkpoints to ``OUT/populations/<key>.pkl`` (its members' folders listed in ``<key>.members.json``) and
+``--resume`` continues it exactly.
 
 As ``agents.train``, it holds every member folder's run lock (exit status 3 if another process writes into one) and
 stops with exit status 4 and a one-line reason when a log or checkpoint cannot be written (full disk).
