@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["singular_values", "effective_rank", "srank", "feature_norm", "kernel_effective_rank", "condition_number",
-           "interference_mass"]
+           "nonzero_spectrum", "numerical_rank", "nonzero_condition_number", "interference_mass"]
 
 
 def _matrix(name: str, x: Tensor) -> Tensor:
@@ -96,6 +96,54 @@ def condition_number(kernel: Tensor) -> float:
         return math.inf
     floor = len(eig) * torch.finfo(torch.float64).eps * top
     return top / max(float(eig[0]), floor)
+
+
+def _tolerance(kernel: Tensor, rtol: float | None) -> float:
+    """``rtol``, default ``N * eps`` of the dtype the kernel was computed in (numpy's ``matrix_rank`` tolerance)."""
+    if rtol is None:
+        dtype = kernel.dtype if kernel.dtype.is_floating_point else torch.float64
+        return kernel.shape[0] * torch.finfo(dtype).eps
+    if not (isinstance(rtol, (int, float)) and 0.0 <= rtol < 1.0):
+        raise ValueError(f"rtol must be a number in [0, 1), got {rtol!r}")
+    return float(rtol)
+
+
+def nonzero_spectrum(kernel: Tensor, rtol: float | None = None) -> Tensor:
+    """The numerically non-zero eigenvalues (descending, float64) of a symmetric PSD kernel ``(N, N)``: those above
+    ``rtol * lambda_max``.
+
+    The default ``rtol = N * eps`` takes ``eps`` of the kernel's own dtype (``1.19e-7`` for float32, ``2.2e-16`` for
+    float64): the numerical-rank tolerance of ``numpy.linalg.matrix_rank`` (``S.max() * max(M, N) * eps``), since
+    eigenvalues below it are round-off of the computation that made the kernel. Eigenvalues are computed in float64
+    on the symmetrised kernel ``(K + K^T) / 2``; negative ones (round-off) are never kept. Empty for a kernel with
+    no positive eigenvalue.
+    """
+    k = _kernel("nonzero_spectrum", kernel)
+    eig = torch.linalg.eigvalsh(k).flip(0)
+    tol = _tolerance(kernel, rtol)
+    top = float(eig[0])
+    return eig[:0] if top <= 0 else eig[eig > tol * top]
+
+
+def numerical_rank(kernel: Tensor, rtol: float | None = None) -> int:
+    """Numerical rank of a symmetric PSD kernel ``(N, N)``: the number of its eigenvalues above ``rtol *
+    lambda_max`` (:func:`nonzero_spectrum`; the default tolerance is ``numpy.linalg.matrix_rank``'s)."""
+    return len(nonzero_spectrum(kernel, rtol))
+
+
+def nonzero_condition_number(kernel: Tensor, rtol: float | None = None) -> float:
+    """Condition number of a symmetric PSD kernel ``(N, N)`` on its numerically non-zero spectrum:
+    ``lambda_max / lambda_min`` over the eigenvalues above ``rtol * lambda_max`` (:func:`nonzero_spectrum`; default
+    ``rtol = N * eps`` of the kernel's dtype).
+
+    Unlike :func:`condition_number`, a singular kernel (an NTK of more inputs than its rank, e.g. nearby probe inputs
+    of a low-dimensional task) does not read as the round-off floor ``1 / (N eps)``: the value says how spread the
+    directions the kernel does span are, between 1 (all equal, or rank 1) and ``1 / rtol``. Read it with
+    :func:`numerical_rank` (the number of eigenvalues it is taken over). NaN for a kernel with no positive
+    eigenvalue.
+    """
+    eig = nonzero_spectrum(kernel, rtol)
+    return math.nan if len(eig) == 0 else float(eig[0] / eig[-1])
 
 
 def interference_mass(c: Tensor) -> tuple[float, float]:

@@ -13,8 +13,8 @@ import interference
 from interference.activation_spec import activation_names, activation_spec, activation_types, module_spec
 from interference.noisy import NoisyLinear
 from interference.ntk import model_outputs
-from interference.plasticity import (condition_number, effective_rank, feature_norm, interference_mass,
-                                     kernel_effective_rank, srank)
+from interference.plasticity import (effective_rank, feature_norm, interference_mass, kernel_effective_rank,
+                                     nonzero_condition_number, numerical_rank, srank)
 from interference.sparsity import dormant_units, representation_sparsity, saturated_units
 
 from .probe import Probe, ProbeContext
@@ -23,8 +23,8 @@ from .schema import FieldDoc, ProbeSchema
 
 LINEAR = (nn.Linear, NoisyLinear)  # what counts as a linear layer (a noisy layer's weight: its mean weight)
 
-__all__ = ["GradCovProbe", "NTKProbe", "OutputsProbe", "SparsityProbe", "WeightsProbe", "PROBES", "make_probe", "register_probe",
-           "activation_modules"]
+__all__ = ["GradCovProbe", "NTKProbe", "OutputsProbe", "SparsityProbe", "WeightsProbe", "PlasticityProbe", "PROBES",
+           "make_probe", "register_probe", "activation_modules", "module_kinds"]
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -177,6 +177,29 @@ def activation_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, types)]
 
 
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase,
+          *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
+
+
+def module_kinds(model: nn.Module) -> list[list[str]]:
+    """``[name, kind, class name]`` of every module of ``model`` that is a layer (in registration order): kind
+    ``linear`` (``Linear``, ``NoisyLinear``), ``conv``, ``norm`` (LayerNorm, BatchNorm, ...), ``activation`` (any
+    registered activation spec's module) or ``other`` (a leaf module of another type). Containers are left out.
+    Reports name layers from it as a reader does ("hidden 1", "activation 1", "output"; see
+    :func:`reports.labels.layer_labels`)."""
+    acts = activation_types()
+    out = []
+    for name, m in model.named_modules():
+        if not name:
+            continue
+        kind = ("activation" if isinstance(m, acts) else "linear" if isinstance(m, LINEAR) else
+                "conv" if isinstance(m, nn.modules.conv._ConvNd) else "norm" if isinstance(m, _NORMS) else
+                "other" if not any(True for _ in m.children()) else None)
+        if kind is not None:
+            out.append([name, kind, type(m).__name__])
+    return out
+
+
 class SparsityProbe(Probe):
     """Per hidden activation layer, on the fixed probe inputs:
 
@@ -271,7 +294,9 @@ def _unit_specs() -> list[tuple[str, tuple[str, ...]]]:
 class WeightsProbe(Probe):
     """Per parameter tensor: its norm and the norm of its current ``.grad`` (NaN before the first update); per
     layer of an activation whose spec declares per-unit parameters (Elephant's ``h`` and ``a``): each as (mean,
-    min, max), in fields ``<activation>_<parameter>`` (``elephant_h``), layers in the setting ``<activation>_layers``."""
+    min, max), in fields ``<activation>_<parameter>`` (``elephant_h``), layers in the setting ``<activation>_layers``.
+    The setting ``modules`` lists the model's layers with their kinds (:func:`module_kinds`), so that reports can name
+    each parameter's layer as a reader does ("hidden 1 weight", "output bias")."""
 
     name = "weights"
     schema = ProbeSchema("Weights", {
@@ -279,12 +304,18 @@ class WeightsProbe(Probe):
                                "parameters"),
         "grad_norm": FieldDoc("norm of each parameter's current gradient", "L2 norm", ("parameter",), "per_layer",
                               "parameters"),
+        "elephant_h": FieldDoc("Elephant's height h of each unit: mean, min and max over a layer's units",
+                               axes=("layer", "mean/min/max"), plot="layer_range", labels="elephant_layers"),
+        "elephant_a": FieldDoc("Elephant's half-width a of each unit, in the units of its input: mean, min and max "
+                               "over a layer's units", axes=("layer", "mean/min/max"), plot="layer_range",
+                               labels="elephant_layers"),
         "*": FieldDoc("a per-unit parameter <activation>_<parameter> (Elephant's h and a) over each layer's units",
                       axes=("layer", "mean/min/max"), plot="layer_range", labels="{prefix}_layers"),
     })
 
     def fields(self, ctx: ProbeContext) -> dict[str, Field]:
         self.names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
+        self.modules = module_kinds(ctx.model)
         self.units = {act: [n for n, m in ctx.model.named_modules() if (s := module_spec(m)) and s.name == act]
                       for act, _ in _unit_specs()}
         out = {"param_norm": Field((len(self.names),)), "grad_norm": Field((len(self.names),))}
@@ -296,7 +327,8 @@ class WeightsProbe(Probe):
     def settings(self) -> dict[str, Any]:
         units = getattr(self, "units", {})
         return {**super().settings(), "parameters": getattr(self, "names", None),
-                **{f"{act}_layers": units.get(act) for act, _ in _unit_specs()}}
+                **{f"{act}_layers": units.get(act) for act, _ in _unit_specs()},
+                "modules": getattr(self, "modules", None)}
 
     def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
         params = dict(ctx.model.named_parameters())
@@ -324,7 +356,14 @@ class PlasticityProbe(Probe):
     * ``feature_norm``: mean L2 norm of those features;
     * ``dormant``: per hidden activation layer, the fraction of ReDo-dormant units (score ``<= tau``);
     * ``weight_norm``: per ``Linear`` layer on the forward path, the Frobenius norm of its weight;
-    * ``ntk_effective_rank`` and ``ntk_condition``: of the empirical NTK (traced over outputs) on the inputs.
+    * of the empirical NTK (traced over outputs) on the inputs, ``(N, N)``: ``ntk_effective_rank`` (entropy rank of
+      its eigenvalues), ``ntk_numerical_rank`` (eigenvalues above ``N * eps * lambda_max``, ``eps`` of the kernel's
+      dtype: numpy's ``matrix_rank`` tolerance) and ``ntk_condition_nonzero``, ``log10`` of its condition number on
+      that numerically non-zero spectrum (:func:`~interference.plasticity.nonzero_condition_number`).
+
+    Logs written before ``ntk_condition_nonzero`` have ``ntk_condition`` instead: ``log10`` of the condition number
+    with the smallest eigenvalue floored at ``N * eps(float64) * lambda_max``, which reads ``log10(1 / (N eps))``
+    (14.15 for 32 inputs) whenever the kernel is singular, as it is on nearby inputs of a low-dimensional task.
 
     Thresholds ``delta`` and ``tau`` are settings, stored in the run log.
     """
@@ -340,8 +379,19 @@ class PlasticityProbe(Probe):
                             "layers"),
         "weight_norm": FieldDoc("Frobenius norm of each Linear layer's weight", "L2 norm", ("layer",), "per_layer",
                                 "linear_layers"),
-        "ntk_effective_rank": FieldDoc("effective rank of the NTK on the probe inputs", "rank", plot="curve"),
-        "ntk_condition": FieldDoc("condition number of the NTK on the probe inputs (log10)", "log10", plot="curve"),
+        "ntk_effective_rank": FieldDoc("effective rank of the NTK on the probe inputs (entropy of its eigenvalues)",
+                                       "rank", plot="curve"),
+        "ntk_numerical_rank": FieldDoc("numerical rank of the NTK on the probe inputs: its eigenvalues above "
+                                       "N eps lambda_max, eps of the kernel's dtype", "eigenvalues", plot="curve"),
+        "ntk_condition_nonzero": FieldDoc("log10 condition number of the NTK on the probe inputs, on the numerically "
+                                          "non-zero spectrum: lambda_max over the smallest eigenvalue above N eps "
+                                          "lambda_max; at most 1 / (N eps), log10 5.42 for 32 inputs in float32, "
+                                          "which it nears where the spectrum decays into round-off: read it with "
+                                          "ntk_numerical_rank", "log10", plot="curve"),
+        "ntk_condition": FieldDoc("log10 condition number of the NTK on the probe inputs, smallest eigenvalue "
+                                  "floored at N eps(float64) lambda_max: reads log10(1 / (N eps)), 14.15 for 32 "
+                                  "inputs, whenever the kernel is singular (older logs; newer ones log "
+                                  "ntk_condition_nonzero)", "log10", plot="curve"),
     })
 
     def __init__(self, every: int | None = 1000, at: Sequence[int] = (), *, delta: float = 0.01,
@@ -380,7 +430,7 @@ class PlasticityProbe(Probe):
             raise ValueError("plasticity: the probe forward reaches no Linear layer (no penultimate features)")
         return {"effective_rank": Field(()), "srank": Field(()), "feature_norm": Field(()),
                 "dormant": Field((max(1, len(self.layers)),)), "weight_norm": Field((len(self.linear_layers),)),
-                "ntk_effective_rank": Field(()), "ntk_condition": Field(())}
+                "ntk_effective_rank": Field(()), "ntk_numerical_rank": Field(()), "ntk_condition_nonzero": Field(())}
 
     def compute(self, ctx: ProbeContext) -> dict[str, np.ndarray]:
         captured = self._capture(ctx)
@@ -395,7 +445,8 @@ class PlasticityProbe(Probe):
                 "weight_norm": np.asarray([_weight(modules[n]).norm().item() for n in self.linear_layers],
                                           dtype=np.float32),
                 "ntk_effective_rank": np.float32(kernel_effective_rank(kernel)),
-                "ntk_condition": np.float32(np.log10(condition_number(kernel)))}
+                "ntk_numerical_rank": np.float32(numerical_rank(kernel)),
+                "ntk_condition_nonzero": np.float32(np.log10(nonzero_condition_number(kernel)))}
 
 
 def _weight(m: nn.Module) -> Tensor:

@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loss = next(iter(heat.values()))[0]
             fig = gradcov_heatmaps({act: recs for act, (_, recs) in heat.items()}, loss, side_by_side=True)
             save(fig, out / f"{slug}_gradcov.png")
-            sections["Gradient covariance (the paper's figure: activations side by side, rows = training points)"]\
+            sections["Gradient covariance (the paper's figure: a column per activation, a row per training point)"]\
                 .append((f"{agent} on {env}: C_ij of 32 replay samples ({loss} loss)", f"{slug}_gradcov.png"))
     table = Table("Last evaluation (mean over its episodes, then mean ± SE over seeds)",
                   ["agent", "game", "activation", "last evaluation", "seeds", "steps per run", "env steps/s"], rows)

@@ -18,9 +18,9 @@ from matplotlib.figure import Figure
 from probes.runlog import END, Run
 
 from . import data, plots
-from .fields import probe_figures, slug
+from .fields import one_seed, probe_figures, slug
 from .html import Part, Table, write_index
-from .labels import scalar_label, step_label
+from .labels import mean_se_over, scalar_label, step_label
 
 __all__ = ["build_report", "report_parts", "run_tables", "SCALARS"]
 
@@ -73,9 +73,10 @@ def _learning_curves(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[s
         curves = {label: c for label, runs in groups.items()
                   if (c := data.learning_curve(runs, name, window=window)) is not None}
         if curves:
+            over = mean_se_over(len(c.values) for c in curves.values())
             fig = plots.mean_curves({scalar_label(name, config): curves}, colors=colors, xlabel=step_label(config),
-                                    title="mean ± standard error over n seeds")
-            w.add("Learning curves", f"{scalar_label(name, config)}: mean over seeds, shaded ± standard error",
+                                    title=over)
+            w.add("Learning curves", f"{scalar_label(name, config)}: {over}{', shaded' if 'SE' in over else ''}",
                   f"curve_{slug(name)}", fig)
     return notes
 
@@ -88,9 +89,9 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
         panels = {label: records for label, runs in groups.items()
                   if (records := data.select_records(runs[0], "gradcov", loss, steps))}
         if panels:  # configurations side by side at matching steps (the paper's layout) while they fit a page
-            side = len(panels) <= SIDE_BY_SIDE
-            w.add(section, f"{loss} loss: gradient covariance of one seed per configuration"
-                  + (", side by side at the same steps" if side else ""),
+            side = 1 < len(panels) <= SIDE_BY_SIDE
+            w.add(section, f"{loss} loss: gradient covariance of {one_seed(panels)}"
+                  + (", configurations side by side at the same steps" if side else ", one panel per step"),
                   f"gradcov_{slug(loss)}", plots.gradcov_heatmaps(panels, loss, side_by_side=side))
         stats = {"mean off-diagonal C_ij": f"{loss}_offdiag_mean",
                  "fraction of negative C_ij": f"{loss}_negative_fraction"}
@@ -99,9 +100,9 @@ def _gradcov(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str]
                   for ylabel, field in stats.items()}
         curves = {ylabel: c for ylabel, c in curves.items() if c}
         if curves:
-            w.add(section, f"{loss} loss: interference over time, mean over seeds ± standard error",
-                  f"gradcov_{slug(loss)}_over_time",
-                  plots.mean_curves(curves, title=f"{loss} loss: mean ± standard error over n seeds", colors=colors,
+            over = mean_se_over(len(s.values) for c in curves.values() for s in c.values())
+            w.add(section, f"{loss} loss: interference over time, {over}", f"gradcov_{slug(loss)}_over_time",
+                  plots.mean_curves(curves, title=f"{loss} loss: {over}", colors=colors,
                                     xlabel=step_label(runs_of(groups)[0].config)))
 
 
@@ -109,7 +110,7 @@ def _ntk(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str], st
     matrices = {label: records for label, runs in groups.items() if data.ntk_kind(runs[0]) == "matrix"
                 and (records := data.select_records(runs[0], "ntk", "kernel", steps))}
     if matrices:
-        w.add("NTK", "empirical NTK on the fixed probe inputs, one seed per configuration", "ntk",
+        w.add("NTK", f"empirical NTK on the fixed probe inputs, {one_seed(matrices)}", "ntk",
               plots.ntk_matrices(matrices))
     decay = {label: c for label, runs in groups.items() if (c := data.ntk_vs_distance(runs)) is not None}
     if decay:
@@ -118,7 +119,7 @@ def _ntk(w: _Writer, groups: Mapping[str, list[Run]], colors: dict[str, str], st
     vectors = {label: records for label, runs in groups.items() if data.ntk_kind(runs[0]) == "current"
                and (records := data.current_ntk(runs[0], steps))}
     if vectors:
-        w.add("NTK", "NTK(x, x_t) against the sample being learned, one seed per configuration",
+        w.add("NTK", f"NTK(x, x_t) against the sample being learned, {one_seed(vectors)}",
               "ntk_current", plots.ntk_vectors(vectors))
 
 
@@ -203,7 +204,7 @@ def _part(heading: str, runs: Sequence[Run], out: Path, sub: str, steps: Sequenc
     notes = _learning_curves(w, groups, colors, window)
     _gradcov(w, groups, colors, steps)
     _ntk(w, groups, colors, steps)
-    probe_figures(w.add, groups, colors, steps, skip=_hand_made)
+    probe_figures(w.add, groups, colors, steps, skip=_hand_made, note=notes.append)
     if (runs[0].config.get("command") or runs[0].config.get("algo")) in STREAM_COMMANDS:
         notes.append("The paper's streaming table and Fig. 2 panels for these runs: python -m reports.stream DIR -o OUT.")
     if not w.sections:

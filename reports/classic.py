@@ -55,6 +55,7 @@ from probes.runlog import Run, RunLogError
 from .cli import OutputDirError, load_runs, publish_study, study_inputs, study_parser, warn
 from .data import config_key, config_labels, final_return, finished, format_mean_sem, mean_sem, run_end, training_length
 from .html import Table
+from .labels import mean_se_over
 from .plots import activation_color, group_colors, save
 
 __all__ = ["ClassicRow", "classic_table", "buffer_figure", "REFERENCE", "reference_data", "normalise",
@@ -225,7 +226,7 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
         ax.set_xscale("log")
         ax.set_xlabel("replay buffer size (transitions)")
         ax.set_ylabel("final return (last 10% of episodes)")
-        ax.set_title(f"{env}: mean ± SE over n seeds", fontsize=10)
+        ax.set_title(f"{env}: {mean_se_over(r.n_seeds for r in here)}", fontsize=10)
         ax.legend(fontsize=7)
     return fig
 

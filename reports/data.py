@@ -20,12 +20,14 @@ import numpy as np
 from probes.runlog import END, RUN_END, Run
 from probes.schema import FieldDoc, ProbeSchema, default_doc
 
+from .labels import layer_labels, parameter_labels
+
 __all__ = [
     "Curve", "Series", "Record", "CurrentNTK", "current_ntk", "config_key", "config_labels", "group_by_config",
     "partition", "short_labels", "MAX_LABEL", "DistanceCurve", "ntk_vs_distance",
-    "learning_curve", "final_return", "probe_series", "layer_names", "training_length", "finished", "run_end",
-    "default_steps", "nearest_record", "select_records", "gradcov_losses", "ntk_kind", "ntk_matrix",
-    "probe_inputs", "probe_schema", "field_doc", "probe_fields", "summary_mean", "mean_sem",
+    "learning_curve", "final_return", "probe_series", "layer_names", "model_layers", "entry_labels",
+    "training_length", "finished", "run_end", "default_steps", "nearest_record", "select_records", "gradcov_losses",
+    "ntk_kind", "ntk_matrix", "probe_inputs", "probe_schema", "field_doc", "probe_fields", "summary_mean", "mean_sem",
     "format_mean_sem",
 ]
 
@@ -296,6 +298,56 @@ def layer_names(run: Run, probe: str, key: str, n: int) -> list[str]:
     if isinstance(names, list) and len(names) == n:
         return [f"module {name}" if str(name).isdigit() else str(name) for name in names]
     return [f"layer {i}" for i in range(n)]
+
+
+def model_layers(run: Run) -> list[tuple[str, str, str]]:
+    """``(module path, kind, class name)`` of the probed model's layers (kinds of :data:`reports.labels.LAYER_KINDS`),
+    in model order, from the probe settings in the run log: the weights probe's ``modules`` where it recorded them;
+    else pieced together from the layers the probes name (plasticity's ``linear_layers`` and ``layers``, sparsity's
+    ``layers``, the weights probe's ``*_layers`` and its parameters' modules, kind ``param``)."""
+    settings = run.attrs.get("probe_settings", {})
+    if not isinstance(settings, Mapping):
+        return []
+    modules = (settings.get("weights") or {}).get("modules")
+    if isinstance(modules, list) and all(isinstance(m, list) and len(m) == 3 for m in modules):
+        return [(str(n), str(k), str(c)) for n, k, c in modules]
+    kinds: dict[str, str] = {}
+
+    def note(names: Any, kind: str) -> None:
+        for name in names if isinstance(names, list) else ():
+            if kind != "param" or kinds.get(str(name), "param") == "param":
+                kinds[str(name)] = kind
+
+    weights = settings.get("weights") or {}
+    note([str(p).rpartition(".")[0] for p in weights.get("parameters") or [] if "." in str(p)], "param")
+    plasticity = settings.get("plasticity") or {}
+    note(plasticity.get("linear_layers"), "linear")
+    note(plasticity.get("layers"), "activation")
+    note((settings.get("sparsity") or {}).get("layers"), "activation")
+    for key, names in weights.items():
+        if key.endswith("_layers"):
+            note(names, "activation")
+    return [(name, kind, "") for name, kind in kinds.items()]
+
+
+def entry_labels(run: Run, probe: str, key: str, n: int) -> tuple[list[str], dict[str, str]]:
+    """The `n` entries of a per-layer field named as a reader does (:func:`reports.labels.layer_labels`, one naming
+    for all of the run's probes: ``hidden 1``, ``activation 1``, ``output``; parameters ``hidden 1 weight``), and
+    ``{label: module path}`` of the layers named. The names come from ``probe_settings[probe][key]``; without them
+    (or not `n` of them) ``layer 0 .. n-1`` (:func:`layer_names`) and no paths."""
+    names = run.attrs.get("probe_settings", {}).get(probe, {}).get(key)
+    if not (isinstance(names, list) and len(names) == n):
+        return layer_names(run, probe, key, n), {}
+    names = [str(name) for name in names]
+    labels = layer_labels(model_layers(run))
+    if key == "parameters":
+        modules = [name.rpartition(".")[0] for name in names]
+        shown = parameter_labels(names, labels)
+    else:
+        modules = names
+        shown = [labels.get(name, f"module {name}" if name.isdigit() else name) for name in names]
+    paths = {labels[m]: m for m in dict.fromkeys(modules) if m in labels and labels[m] != m}
+    return shown, paths
 
 
 # --- record selection ---------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .data import CurrentNTK, Curve, DistanceCurve, Record, Series, ntk_matrix
+from .labels import mean_se_over
 
 __all__ = ["ntk_distance", "GRADCOV_CMAP", "GRADCOV_CLIM", "ACTIVATION_COLORS", "activation_color", "group_colors", "heatmap_scale",
            "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
@@ -166,7 +167,8 @@ def ntk_distance(curves: Mapping[str, DistanceCurve], colors: Mapping[str, str] 
     shaded ± standard error; a fast decay means an update at one input changes the function elsewhere little."""
     fig = mean_curves({r"normalised NTK $K_{ij}/\sqrt{K_{ii}K_{jj}}$": curves}, colors=colors,
                       xlabel=r"distance $\|x_i - x_j\|$ between probe inputs",
-                      title=f"step {max(c.step for c in curves.values())}: mean ± SE over n seeds")
+                      title=f"step {max(c.step for c in curves.values())}: "
+                            f"{mean_se_over(len(c.values) for c in curves.values())}")
     fig.axes[0].axhline(0.0, color="0.6", lw=0.8)
     return fig
 
@@ -222,7 +224,7 @@ def layer_series(series: Mapping[str, Series], layers: Sequence[str], title: str
         ax.set_ylabel(ylabel)
         ax.set_title(name.replace("_", " "), fontsize=9)
     if outside:
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=6, ncols=legend_cols)
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=7, ncols=legend_cols)
     else:
         axes[0].legend(fontsize=7)
     if title:
@@ -255,7 +257,7 @@ def layer_ranges(series: Mapping[str, Series], layers: Sequence[str], title: str
             ax.plot(s.steps, mean[:, i, 0], color=color, label=layer)
             ax.fill_between(s.steps, mean[:, i, 1], mean[:, i, 2], color=color, alpha=0.2, lw=0)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(name)
+        ax.set_ylabel(name.replace("_", " "))
         ax.set_title(f"{name}: mean over units, band min to max", fontsize=9)
         ax.legend(fontsize=7)
     if title:

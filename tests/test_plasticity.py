@@ -82,3 +82,73 @@ def test_the_plasticity_probe_measures_the_penultimate_features_and_stores_its_t
     assert values["dormant"][1] == 1.0 and 0.0 <= values["dormant"][0] < 1.0
     assert values["weight_norm"] == pytest.approx([net[i].weight.norm().item() for i in (0, 2, 4)])
     assert np.isfinite(values["ntk_effective_rank"])
+
+
+def _low_rank_kernel(n=12, r=4, seed=0):
+    """``K = J J^T`` in float64 of a ``J (n, r)`` with singular values 10 .. 0.1: rank r, condition number 1e4."""
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.normal(size=(n, r)))
+    v, _ = np.linalg.qr(rng.normal(size=(r, r)))
+    j = u @ np.diag(np.geomspace(10.0, 0.1, r)) @ v.T
+    return j, j @ j.T
+
+
+def test_condition_number_on_the_nonzero_spectrum_matches_numpy_in_float64():
+    from interference.plasticity import nonzero_condition_number, nonzero_spectrum, numerical_rank
+
+    j, k = _low_rank_kernel()
+    kernel = torch.tensor(k, dtype=torch.float64)
+    # numpy's numerical rank (tolerance S.max() * N * eps) and the condition number of the non-zero spectrum
+    e = np.linalg.eigvalsh(k)[::-1]
+    kept = e[e > e[0] * len(k) * np.finfo(np.float64).eps]
+    assert numerical_rank(kernel) == np.linalg.matrix_rank(k, hermitian=True) == len(kept) == 4
+    assert nonzero_spectrum(kernel).numpy() == pytest.approx(kept, rel=1e-10)
+    assert nonzero_condition_number(kernel) == pytest.approx(kept[0] / kept[-1], rel=1e-8)
+    assert nonzero_condition_number(kernel) == pytest.approx(np.linalg.cond(j) ** 2, rel=1e-6)  # 1e4 by design
+    # the floored condition number reads the round-off floor 1 / (N eps) of any singular kernel instead
+    assert condition_number(kernel) == pytest.approx(1 / (12 * np.finfo(np.float64).eps), rel=1e-6)
+    # a full-rank kernel: both are numpy's condition number
+    full = k + np.eye(12)
+    assert nonzero_condition_number(torch.tensor(full)) == pytest.approx(np.linalg.cond(full), rel=1e-8)
+    assert condition_number(torch.tensor(full)) == pytest.approx(np.linalg.cond(full), rel=1e-8)
+
+
+def test_the_tolerance_is_the_kernels_own_round_off():
+    from interference.plasticity import nonzero_condition_number, numerical_rank
+
+    _, k = _low_rank_kernel()
+    k32 = torch.tensor(k, dtype=torch.float32)  # eigenvalues of float32 round-off (~1e-7 of the top) are not kept
+    assert numerical_rank(k32) == np.linalg.matrix_rank(k32.numpy(), hermitian=True) == 4
+    assert nonzero_condition_number(k32) == pytest.approx(1e4, rel=1e-2)
+    assert numerical_rank(torch.tensor(k), rtol=1e-3) == 3  # eigenvalues 100, 4.6, 0.22 of 100 .. 0.01 above 0.1
+    assert numerical_rank(torch.zeros(3, 3)) == 0 and math.isnan(nonzero_condition_number(torch.zeros(3, 3)))
+    assert nonzero_condition_number(torch.ones(3, 3)) == 1.0  # rank 1
+    with pytest.raises(ValueError, match="rtol must be"):
+        numerical_rank(torch.eye(2), rtol=1.5)
+    with pytest.raises(ValueError, match="square kernel"):
+        numerical_rank(torch.ones(2, 3))
+
+
+def test_the_plasticity_probe_logs_the_ntk_on_its_nonzero_spectrum_in_float64():
+    from interference.ntk import ntk
+    from probes import PROBES
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 3), nn.Tanh(), nn.Linear(3, 1)).double()  # 13 parameters, 16 inputs
+    ctx = ProbeContext(step=1, model=net, inputs=torch.randn(16, 2, dtype=torch.float64))
+    probe = make_probe("plasticity", every=1)
+    fields = probe.fields(ctx)
+    assert {"ntk_numerical_rank", "ntk_condition_nonzero"} <= set(fields) and "ntk_condition" not in fields
+    log = _Log()
+    probe.on_step(ctx, log)
+    (_, _, values), = log.records
+    k = ntk(net, ctx.inputs, output="trace").numpy()
+    e = np.linalg.eigvalsh(k)[::-1]
+    kept = e[e > e[0] * 16 * np.finfo(np.float64).eps]
+    rank = np.linalg.matrix_rank(k, hermitian=True)
+    assert values["ntk_numerical_rank"] == rank == len(kept) and rank <= 13  # singular: more inputs than parameters
+    assert values["ntk_condition_nonzero"] == pytest.approx(np.log10(kept[0] / kept[-1]), rel=1e-5)
+    assert values["ntk_condition_nonzero"] < 12  # not the float64 round-off floor log10(1 / (16 eps)) = 14.45
+    schema = PROBES["plasticity"].schema
+    assert "numerically non-zero spectrum" in schema.doc("ntk_condition_nonzero").meaning
+    assert schema.doc("ntk_condition").units == "log10"  # older logs' field: still documented for reports

@@ -171,3 +171,15 @@ def test_probe_schemas_match_fields_by_name_then_pattern_and_round_trip():
         FieldDoc("x", plot="pie")
     with pytest.raises(ValueError, match="not a probe schema"):
         ProbeSchema.from_json({"fields": {}})
+
+
+def test_weights_probe_records_the_models_layers_for_reports():
+    from probes.builtin import module_kinds
+
+    net = mlp(2, [16], 1, "elephant")  # Linear, LayerNorm, Elephant, Linear
+    probe = make_probe("weights", every=1)
+    probe.fields(ProbeContext(step=0, model=net))
+    assert probe.settings()["modules"] == module_kinds(net) == [
+        ["0", "linear", "Linear"], ["1", "norm", "LayerNorm"], ["2", "activation", "Elephant"], ["3", "linear", "Linear"]]
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    assert [kind for _, kind, _ in module_kinds(cnn)] == ["conv", "activation", "other", "linear"]

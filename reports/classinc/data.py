@@ -25,10 +25,10 @@ MAKE_RUNS = "python -m agents.train class-inc --data split-digits --seeds 0,1,2 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference" / "class_inc.json"
 TABLE_CAPTION = (
     "Test accuracy over all classes after one pass through the class-incremental stream (final_acc), mean ± "
-    "standard error (std with ddof=1 / sqrt(n)) over n seeds, per method at the setting with the highest mean "
-    "final accuracy (among the settings with the most common number of seeds). The paper's numbers are for Split "
-    "MNIST (tb:mnist) and Split CIFAR-10 (tb:cifar): where our dataset is another one (e.g. split-digits, "
-    "split-fashion) they are beside ours for orientation only, not a like-for-like comparison.")
+    "standard error over seeds (std with ddof=1 / sqrt(n), n the number of seeds), per method at the setting with "
+    "the highest mean final accuracy (among the settings with the most common number of seeds). The paper's numbers "
+    "are for Split MNIST (tb:mnist) and Split CIFAR-10 (tb:cifar): where our dataset is another one (e.g. "
+    "split-digits, split-fashion) they are beside ours for orientation only, not a like-for-like comparison.")
 
 #: the paper's display names of the methods ``<model>-<act>[-ewc]``, in the paper's table order
 METHOD_NAMES = {"mlp-relu": "MLP", "mlp-relu-ewc": "MLP+Streaming EWC", "mlp-elephant": "EMLP",

@@ -19,6 +19,7 @@ from probes.runlog import Run, RunLogError, find_runs
 from .. import plots as figures
 from ..cli import load_runs, output_dir, warn
 from ..html import Part, Table, write_index
+from ..labels import mean_se_over
 from .data import (HYPER_COLUMNS, MAKE_RUNS, TABLE_CAPTION, TASK_PROBES, Forgetting, LeftOut, SettingRow,
                    accuracy_curve, best_settings, forgetting_table, incomplete_matrices, is_classinc_run,
                    mean_task_ends, paper_dataset, paper_rows, paper_value, reference_data, sections, sweep,
@@ -60,7 +61,8 @@ def accuracy_figure(rows: Sequence[SettingRow]) -> Figure | None:
     fig = figures.mean_curves({"test accuracy, classes seen so far": curves},
                               colors={r.name: colors[r.method] for r in rows}, xlabel="training samples seen",
                               title=f"{_section_title(rows[0].data, rows[0].width)}: each method at its selected "
-                                    "setting\nmean ± SE over n seeds; dotted lines: task ends")
+                                    f"setting\n{mean_se_over(len(c.values) for c in curves.values())}; dotted lines: "
+                                    "task ends")
     ax = fig.axes[0]
     for end in mean_task_ends(r for row in rows for r in row.runs)[:-1]:
         ax.axvline(float(end), color="0.55", ls=":", lw=0.9, zorder=0)
@@ -119,8 +121,8 @@ def probe_figure(rows: Sequence[SettingRow]) -> Figure | None:
     if not panels:
         return None
     fig = figures.mean_curves(panels, colors={r.name: colors[r.method] for r in rows}, xlabel="after task k",
-                              title=f"{_section_title(rows[0].data, rows[0].width)}: probes at task ends, mean ± SE "
-                                    "over n seeds")
+                              title=f"{_section_title(rows[0].data, rows[0].width)}: probes at task ends, "
+                                    f"{mean_se_over(len(s.values) for p in panels.values() for s in p.values())}")
     titles = {f"{p}.{n}": what for p, n, what in TASK_PROBES}
     for ax, key in zip(fig.axes, panels):
         ax.set_title(titles[key], fontsize=8)
