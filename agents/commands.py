@@ -9,14 +9,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
+import shutil
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "get_command", "parse_seeds",
-           "read_yaml", "register_command"]
+__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "first_sentence",
+           "get_command", "parse_seeds", "probe_list", "read_yaml", "register_command"]
 
 
 class ConfigError(ValueError):
@@ -74,6 +77,55 @@ def read_yaml(path: str | Path, what: str) -> Any:
         raise ConfigError(f"cannot read {what} file {path}: {err.strerror}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{what} file {path} is not valid YAML: {err}") from None
+
+
+_RST = [(re.compile(r":[\w:]+:`~?([^`]+)`"), r"\1"), (re.compile(r"``([^`]+)``"), r"\1"),
+        (re.compile(r"`([^`]+)`"), r"\1")]  # roles, literals, references: their text
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "cf.", "vs.", "al.")
+
+
+def first_sentence(doc: str | None, limit: int = 100) -> str:
+    """The first sentence of a docstring, as plain text (reST markup and the final period removed) for a one-line
+    help entry.
+
+    A sentence that introduces a list (it ends with ``:``) is followed by the list's items (the names that open the
+    ``*`` bullets); one longer than ``limit`` characters is cut at its first ``;``. Empty without a docstring.
+    """
+    if not doc or not doc.strip():
+        return ""
+    paragraphs = re.split(r"\n\s*\n", textwrap.dedent(doc).strip())
+    text = " ".join(paragraphs[0].split())
+    for pattern, plain in _RST:
+        text = pattern.sub(plain, text)
+    end = len(text)
+    for m in re.finditer(r"[.!?](?=\s|$)", text):
+        if not text[:m.end()].endswith(_ABBREVIATIONS):
+            end = m.end()
+            break
+    sentence = text[:end]
+    if sentence.endswith(":"):
+        bullets = re.findall(r"^\s*\*\s+([^:(]*)", textwrap.dedent(doc), flags=re.M)  # each up to ":" or "("
+        items = [name for bullet in bullets for name in re.findall(r"``([^`]+)``", bullet)]
+        sentence = f"{sentence} {', '.join(items)}" if items else sentence[:-1]
+    if len(sentence) > limit and "; " in sentence:
+        sentence = sentence[:sentence.index("; ")]
+    return sentence.removesuffix(".")
+
+
+def probe_list(indent: str = "  ", width: int | None = None) -> str:
+    """One entry per registered probe (built-in, then plugins' loaded so far): its name and the first sentence of its
+    class docstring (:func:`first_sentence`), wrapped under that sentence at ``width`` columns (default: the
+    terminal's, as argparse's help)."""
+    from probes import PROBES  # (imports torch: only when a parser is built)
+
+    width = shutil.get_terminal_size().columns - 2 if width is None else width
+    column = max((len(name) for name in PROBES), default=0) + 2
+    lines = []
+    for name, cls in PROBES.items():
+        text = f"{indent}{name:<{column}}{first_sentence(cls.__doc__) or '(no description)'}"
+        lines.extend(textwrap.wrap(text, max(width, 60), subsequent_indent=" " * (len(indent) + column),
+                                   break_on_hyphens=False))
+    return "\n".join(lines)
 
 
 class Command(Protocol):

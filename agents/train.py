@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
     if (problem := unwritable(run_dir)) is not None:
         parser.exit(2, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
+    print(f"run folder: {run_dir}", file=sys.stderr, flush=True)  # (named by the settings that differ from defaults)
     try:
         with run_lock(run_dir):
             summary = cmd.run(config, run_dir, resume=True) if resume else cmd.run(config, run_dir)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agents.commands import probe_list
 from interference.activation_spec import ActArg, activation_names, activation_spec
 
 from .algos import ALGOS
@@ -31,7 +32,7 @@ examples:
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Descriptions and the epilog as written (the probe list, the settings), defaults shown."""
 
 
 def _int(text: str) -> int:
@@ -111,10 +112,12 @@ class RLCommand:
                        help="pick the hidden width with the parameter count of the Elephant network of --hidden widths "
                             "(e.g. ReLU ~1667 for Elephant 1000 on MountainCar)")
 
-        p = parser.add_argument_group("probes (logged to RUN_DIR/run.h5)")
+        p = parser.add_argument_group(
+            "probes (logged to RUN_DIR/run.h5)",
+            f"probes for --probe (--import MODULE adds a plugin's):\n{probe_list()}")
         p.add_argument("--probe", default=S, metavar="NAMES",
-                       help="comma-separated probes: gradcov, ntk, sparsity, weights, ... (episode returns and losses "
-                            "are always logged)")
+                       help="comma-separated probes of the list above, e.g. gradcov,sparsity (episode returns and "
+                            "losses are always logged)")
         p.add_argument("--probe-every", dest="probe_every", type=_int, default=S, metavar="N",
                        help="env steps between probe records (default: a tenth of the run)")
         p.add_argument("--scale-probe-at", dest="scale_probe_at", action="store_const", const=True, default=S,

@@ -13,7 +13,7 @@ import json
 import math
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ from probes.runlog import RunLogWriteError
 from probes.sb3 import ProbeCallback
 
 from .algos import ALGOS
-from .budget import CALIBRATE_ABOVE, available_memory, check_memory, estimate_seconds, fmt_bytes, replay_bytes, rss
-from .callbacks import RunCallback, duration, final_return, stop_on_signals
+from .budget import CALIBRATE_ABOVE, Estimate, available_memory, busy, calibrate, check_memory, fmt_bytes, rss
+from .callbacks import ESTIMATE_AFTER_S, RunCallback, duration, final_return, finish_time, stop_on_signals
 from .checkpoint import (CHECKPOINT, REPLAY_DIR, CheckpointError, Checkpointer, check_picklable, read_checkpoint,
                          restore_model)
 from .config import algo_kwargs, probe_arguments
@@ -140,12 +140,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _start(config: Mapping[str, Any], run_dir: Path, resume: bool) -> tuple[dict[str, Any] | None, dict | None]:
+def _start(config: Mapping[str, Any], run_dir: Path, resume: bool, before_load: Callable[[], None] | None = None
+           ) -> tuple[dict[str, Any] | None, dict | None]:
     """Prepare ``run_dir``: ``(checkpoint to resume from or None, summary of a run already finished or None)``.
 
     Without ``resume`` the files of an earlier run are replaced; with it, a checkpoint is continued (the end of the
-    earlier attempt, its model and summary, is removed), a run finished with this config (its ``config.yaml``) is
-    left as it is, and a run without a checkpoint starts afresh.
+    earlier attempt, its model and summary, is removed; ``before_load`` is called before it is read), a run finished
+    with this config (its ``config.yaml``) is left as it is, and a run without a checkpoint starts afresh.
     """
     if resume:
         summary = _read_summary(run_dir)
@@ -153,6 +154,8 @@ def _start(config: Mapping[str, Any], run_dir: Path, resume: bool) -> tuple[dict
             print(f"{run_dir}: the run finished already ({summary['steps']} steps); nothing to resume", file=sys.stderr)
             _remove_checkpoint(run_dir)
             return None, summary
+        if before_load is not None and (run_dir / CHECKPOINT).exists():
+            before_load()
         state = read_checkpoint(run_dir, config)
         if state is not None:
             for name in ("model.zip", "summary.json"):
@@ -196,20 +199,29 @@ def checkpoint_every(config: Mapping[str, Any]) -> int:
     return max(1, config["n_timesteps"] // 10) if every is None else int(every)
 
 
-def _plan(config: Mapping[str, Any], model: BaseAlgorithm, replay: int, peak: int) -> str:
-    """What the run will do and hold: env steps to go (and for long Q-learning runs updates and the estimated
-    duration on this machine), the replay buffer's memory and the peak memory (:mod:`agents.rl.budget`)."""
+def _plan(config: Mapping[str, Any], model: BaseAlgorithm, replay: int, peak: int) -> tuple[str, Estimate | None]:
+    """What the run will do and hold: env steps to go (and for long Q-learning runs updates and the first estimate
+    of the duration on this machine, :func:`agents.rl.budget.calibrate`), the replay buffer's memory and the peak
+    memory (:mod:`agents.rl.budget`); and the duration model, which the run measures again once it trains."""
     steps, done = config["n_timesteps"], int(model.num_timesteps)
     text = f"{steps:,} env steps" + (f" ({steps - done:,} to go)" if done else "")
-    if steps - done > CALIBRATE_ABOVE and (est := estimate_seconds(
-            config, model, lambda: build_env(config, seed=config["seed"] + 7919))) is not None:
-        seconds, updates = est
-        text += (f", {updates:,} updates: about {duration(seconds)} on this machine (probes, evaluations and "
-                 "checkpoints extra)")
+    estimate = None
+    if steps - done > CALIBRATE_ABOVE:
+        try:
+            estimate = calibrate(config, model, lambda: build_env(config, seed=config["seed"] + 7919))
+        except Exception as err:  # noqa: BLE001 - an estimate is no reason not to train
+            print(f"note: no duration estimate ({type(err).__name__}: {err})", file=sys.stderr)
+    if estimate is not None:
+        seconds, load = estimate.seconds(done), busy()
+        text += (f", {estimate.updates(done):,} updates: first estimate about {duration(seconds)} on this machine, "
+                 f"done around {finish_time(seconds)} (from a {estimate.calibration_s:.1f} s calibration"
+                 + (f" while the machine was busy, {load}" if load else "")
+                 + f"; probes, evaluations and checkpoints extra; measured again after {ESTIMATE_AFTER_S:.0f} s of "
+                   "training)")
     if replay:
         text += f"; replay buffer of {config['buffer_size']:,} transitions: {fmt_bytes(replay)}"
     text += f"; peak memory about {fmt_bytes(peak)} of {fmt_bytes(available_memory() + rss())}"
-    return text
+    return text, estimate
 
 
 def _summary(status: str, model: BaseAlgorithm, algo: str, run_cb: RunCallback, run_dir: Path,
@@ -248,7 +260,17 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     config = _plain(config)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    state, finished = _start(config, run_dir, resume)
+    planned: list[tuple[int, int]] = []  # a resumed run's (replay, peak), checked before its checkpoint is read
+
+    def check_resumed_memory() -> None:
+        if "buffer_size" in config:
+            probe_env = build_env(config)  # (only its spaces: the replay buffer the checkpoint holds)
+            try:
+                planned.append(check_memory(config, probe_env, resume=True))
+            finally:
+                probe_env.close()
+
+    state, finished = _start(config, run_dir, resume, before_load=check_resumed_memory)
     if finished is not None:
         return finished
 
@@ -285,7 +307,8 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     else:
         model = restore_model(state, config, run_dir)
         env = model.get_env()
-        replay, peak = replay_bytes(config, env.observation_space, env.action_space), rss()  # (buffer loaded)
+        replay, peak = planned[0] if planned else (0, rss())  # (the peak counts the whole buffer, as a new run's)
+        peak = max(peak, rss())
     sb3_log = config.get("sb3_log") or []
     if sb3_log:  # SB3's own outputs (CSV, TensorBoard, ...), dumped by learn every episode / rollout
         model.set_logger(configure(str(run_dir / "sb3"), sb3_log))
@@ -301,10 +324,12 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     log_config = {k: v for k, v in config.items() if k == "torch_threads" or k not in OUTPUT_KEYS}
     steps = config["n_timesteps"]
     desc = f"{config['algo']} {config['env']} {config['act']} seed {config['seed']}"
+    estimate = None
     if alone:
-        print(f"{desc}: {_plan(config, model, replay, peak)}", file=sys.stderr, flush=True)
+        plan, estimate = _plan(config, model, replay, peak)
+        print(f"{desc}: {plan}", file=sys.stderr, flush=True)
     run_cb = RunCallback(steps, progress=progress, lines=alone, resume=None if state is None else state["run"],
-                         desc=desc)
+                         desc=desc, estimate=estimate)
     probe_cb = ProbeCallback(probes, run_dir / "run.h5", config=log_config, seed=config["seed"],
                              n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
                              end_status=lambda: run_cb.stop_reason or "finished",
