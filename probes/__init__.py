@@ -1,7 +1,7 @@
 """Probes: diagnostics computed while a learner trains, logged to one crash-safe HDF5 file per run.
 
 ``probes.runlog`` (file layout, writer, reader) <- ``probes.probe`` (the API) <- ``probes.builtin``
-(gradcov, ntk, outputs, sparsity, weights) <- ``probes.runner`` (plain training loops) and ``probes.sb3``
+(gradcov, ntk, outputs, sparsity, weights, plasticity) <- ``probes.runner`` (plain training loops) and ``probes.sb3``
 (Stable-Baselines3 callback). Import the SB3 adapter from ``probes.sb3``. ``probes.schema`` declares what each
 probe's fields mean (reports read it); ``probes.plugins`` loads users' plugin modules.
 """

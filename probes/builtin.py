@@ -1,4 +1,4 @@
-"""Built-in probes: gradient covariance, NTK, sparsity/dormancy, and weights."""
+"""Built-in probes: gradient covariance, NTK, outputs, sparsity/dormancy, weights and plasticity."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def module_kinds(model: nn.Module) -> list[list[str]]:
 
 
 class SparsityProbe(Probe):
-    """Per hidden activation layer, on the fixed probe inputs:
+    """Sparsity, dormant and saturated units of each hidden activation layer on the fixed probe inputs.
 
     * ``activation_sparsity``: fraction of outputs with ``|phi| <= eps``;
     * ``gradient_sparsity``: fraction of activation derivatives with ``|phi'| <= eps`` (derivative of the layer's
@@ -292,7 +292,9 @@ def _unit_specs() -> list[tuple[str, tuple[str, ...]]]:
 
 
 class WeightsProbe(Probe):
-    """Per parameter tensor: its norm and the norm of its current ``.grad`` (NaN before the first update); per
+    """Norms of every parameter tensor and of its gradient, and per-unit activation parameters (Elephant's h, a).
+
+    Per parameter tensor: its norm and the norm of its current ``.grad`` (NaN before the first update); per
     layer of an activation whose spec declares per-unit parameters (Elephant's ``h`` and ``a``): each as (mean,
     min, max), in fields ``<activation>_<parameter>`` (``elephant_h``), layers in the setting ``<activation>_layers``.
     The setting ``modules`` lists the model's layers with their kinds (:func:`module_kinds`), so that reports can name
@@ -348,7 +350,10 @@ class WeightsProbe(Probe):
 
 
 class PlasticityProbe(Probe):
-    """Loss-of-plasticity measures on the fixed probe inputs (:mod:`interference.plasticity`):
+    """Loss-of-plasticity measures on the fixed probe inputs: feature ranks, dormant units, weight norms, NTK ranks.
+
+    From :mod:`interference.plasticity`:
+
 
     * ``effective_rank`` and ``srank`` (``1 - delta`` of the singular-value mass) of the penultimate features, the
       input of the last ``Linear`` (or ``NoisyLinear``) layer the probe forward reaches (a Q-network's or an actor's
@@ -470,7 +475,7 @@ def register_probe(cls: type[Probe], *, replace: bool = False) -> type[Probe]:
 
 
 def make_probe(name: str, **kwargs: Any) -> Probe:
-    """Build a registered probe by name (built-in: ``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``)."""
+    """Build a registered probe by name (built-in: ``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``, ``plasticity``)."""
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose from {', '.join(sorted(PROBES))}")
     return PROBES[name](**kwargs)
