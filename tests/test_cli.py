@@ -21,7 +21,7 @@ def _format(command: str) -> str:
     return sub.format_help()
 
 
-@pytest.mark.parametrize("command", ["dqn", "rainbow", "ppo", "sac"])
+@pytest.mark.parametrize("command", ["dqn", "rainbow", "ppo", "sac", "stream-sin", "class-inc"])
 def test_probe_help_lists_every_registered_probe_with_its_docstring(command, monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
     text = _format(command)

@@ -27,7 +27,7 @@ import torch
 from interference.activation_spec import activation_names, activation_spec
 from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 
-from ..commands import ConfigError, parse_seeds, read_yaml
+from ..commands import ConfigError, parse_seeds, probe_list, read_yaml
 from .data import DATASETS, DataError, Dataset, load_dataset, seen_mask, stream_indices, task_classes
 from .learner import MODELS, ClassIncConfig, Progress, build_model, nll, seen_accuracy, task_accuracies, \
     train_class_inc
@@ -144,8 +144,11 @@ class ClassInc:
         p.add_argument("--eval-samples", dest="eval_samples", type=int,
                        help="evaluate on a fixed random subset of this many test samples (0: all)")
         p.add_argument("--seeds", help="comma-separated seeds, one run log each (default 0)")
-        p.add_argument("--probe", help=f"comma-separated probes at task ends from {', '.join(sorted(PROBES))} "
-                                       "(default gradcov,sparsity; empty: none)")
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        g = p.add_argument_group("probes (at task ends, logged to each seed's run log)",
+                                 f"probes for --probe (--import MODULE adds a plugin's):\n{probe_list()}")
+        g.add_argument("--probe", metavar="NAMES",
+                       help="comma-separated probes of the list above (default gradcov,sparsity; empty: none)")
         p.add_argument("--device", help="torch device (default cpu)")
 
     def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from interference.activation_spec import activation_names
 from interference.gradcov import LossFn
 from probes import PROBES, Field, ProbeContext, ProbeRunner, RunLog, make_probe
 
-from ..commands import ConfigError, parse_seeds
+from ..commands import ConfigError, parse_seeds, probe_list
 from .edit import EditConfig, edit
 from .learner import Ensemble, StreamConfig, build_net, train_stream
 
@@ -93,8 +93,12 @@ class StreamSin:
         p.add_argument("--srnn-lambda", dest="srnn_lambda", type=float,
                        help="SR-NN Set-KL weight lambda (0 = plain activation; paper: 0.1, 0.01, 0.001)")
         p.add_argument("--srnn-beta", dest="srnn_beta", type=float, help="SR-NN target sparsity beta (0.05, 0.1, 0.2)")
-        p.add_argument("--probe", help=f"comma-separated probes from {', '.join(sorted(PROBES))} (default ntk,outputs,sparsity)")
-        p.add_argument("--probe-at", dest="probe_at",
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        g = p.add_argument_group("probes (logged to each seed's run log)",
+                                 f"probes for --probe (--import MODULE adds a plugin's):\n{probe_list()}")
+        g.add_argument("--probe", metavar="NAMES",
+                       help="comma-separated probes of the list above (default ntk,outputs,sparsity)")
+        g.add_argument("--probe-at", dest="probe_at",
                        help="samples seen at which probes run (default 1,25,50,100,150,200)")
 
     def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
