@@ -49,9 +49,12 @@ class ProbeRunner:
         probes: the probes to run.
         path: the run's HDF5 file (appended to if it exists).
         example: a context with the model, losses, sample source and probe inputs, used to declare fields.
-        config, seed, device, extra_attrs: stored in the run log's attributes.
+        config: the run's configuration, stored (as JSON) in the run log's attributes.
+        seed: the run's seed, stored in the run log's attributes.
         scalars: names of scalar series the learner will log (episode returns, losses, ...).
         overwrite: start the file afresh instead of appending to an existing run.
+        device: the device the run trains on, stored in the run log's attributes.
+        extra_attrs: more root attributes to store (JSON-serialisable values).
         keep: resume at a checkpoint: the record counts to keep (:meth:`RunLog.counts` when it was taken).
     """
 
@@ -75,6 +78,7 @@ class ProbeRunner:
         self._inputs_logged = self.log.counts().get(f"probes/{INPUTS}", 0) > 0
 
     def due(self, step: int) -> bool:
+        """Whether any probe has a record due at ``step``."""
         return any(p.due(step) for p in self.probes)
 
     def on_step(self, ctx: ProbeContext) -> None:
@@ -99,9 +103,11 @@ class ProbeRunner:
                 p.restore(state["probes"][p.name])
 
     def scalar(self, name: str, step: int, value: float) -> None:
+        """Log one value of the scalar series ``name`` (declared in ``scalars``) at ``step``, flushed to disk."""
         self.log.scalar(name, step, float(np.asarray(value)))
 
     def close(self) -> None:
+        """Close the run log (also on leaving a ``with`` block)."""
         self.log.close()
 
     def __enter__(self) -> ProbeRunner:

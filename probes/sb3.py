@@ -189,7 +189,8 @@ class ProbeCallback(BaseCallback):
     Args:
         probes: probes to run (their cadence is in env steps, ``num_timesteps``).
         path: the run's HDF5 file.
-        config, seed: stored in the file's attributes.
+        config: the run's configuration, stored (as JSON) in the file's attributes.
+        seed: the run's seed, stored in the file's attributes; it also seeds the probes' own RNG.
         n_inputs: number of fixed probe inputs for the NTK and sparsity probes, drawn once from the first
             observations the agent stored (replay buffer or rollout).
         loss_every: env steps between records of SB3's losses and learning rate: the first update at or after
@@ -201,6 +202,8 @@ class ProbeCallback(BaseCallback):
             of SB3's DQN, PPO or SAC (:func:`probe_context`).
         resume: :meth:`state` as a checkpoint saved it: the log is appended to from the checkpoint's records
             (later ones dropped) and the probes, their RNG and inputs and the loss cadence go on from there.
+        extra_attrs: more root attributes for the run log (JSON-serialisable values).
+        verbose: SB3's callback verbosity.
     """
 
     def __init__(self, probes: Sequence[Probe], path: str | os.PathLike, *, config: Mapping[str, Any],

@@ -665,9 +665,9 @@ def test_sweep(name, seed, sizes):
         assert_close(got, g @ g.T, "gradient_covariance(auto, normalize=False)")
 
 
-def test_readme_and_docs_path_tables_are_current():
-    """The README's path table and docs/ntk-paths.md are what ``python tests/make_path_table.py --write`` makes."""
+def test_docs_path_tables_are_current():
+    """docs/core/paths.md's path table and docs/ntk-paths.md are what ``python tests/make_path_table.py --write`` makes."""
     import make_path_table as T
 
-    assert f"{T.START}\n{T.readme_excerpt()}\n{T.END}" in T.README.read_text(), "run: python tests/make_path_table.py --write"
+    assert f"{T.START}\n{T.excerpt()}\n{T.END}" in T.PATHS.read_text(), "run: python tests/make_path_table.py --write"
     assert T.DOC.read_text() == T.doc_page(), "run: python tests/make_path_table.py --write"
