@@ -13,81 +13,206 @@ and writes ``OUT/index.html`` (with ``OUT/stream/`` and ``OUT/probes/`` reports 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import fields
+import re
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from interference.demo import sparsity_table
-from probes import find_runs, read_run
+from probes import Run, find_runs, read_run
+from reports import data as run_data
 from reports.build import report_parts
-from reports.html import Table, write_index
-from reports.stream import build_stream_report, edit_table, stream_table
+from reports.html import Part, Table, write_index
+from reports.paper import method_name
+from reports.stream import build_stream_report, edit_table, seeds_phrase, stream_table
 
 from .commands import get_command
+from .stream.edit import EditConfig
+from .stream.learner import StreamConfig
 
 # Learning rates: each method's best on the paper's grid in our full-table run (README, "Streaming table").
 METHODS = {"elephant": 3e-4, "relu": 3e-3}
 
 
-def run(out: Path, seeds: str) -> Path:
+#: probe sections of the showcase: heading as the report names it -> heading on the page (others: as named)
+HEADINGS = {"NTK": "Empirical NTK"}
+#: the probe report's sections left off the showcase: its learning curve repeats the stream's test MSE (drawn on a
+#: log scale above, where Elephant's curve is not flattened to zero)
+DROPPED_SECTIONS = ("Learning curves",)
+#: columns of the probe report's run tables left off the showcase's copy: development provenance (kept in each run
+#: log) rather than results
+DROPPED_COLUMNS = ("git commit",)
+#: settings `run` passes on to each command (the streaming runs take the stream's; the edit also its own)
+STREAM_KEYS = {f.name for f in fields(StreamConfig)} - {"act", "lr", "seeds"} | {"probe_at"}
+EDIT_KEYS = STREAM_KEYS - {"probe_at"} | {f.name for f in fields(EditConfig)} - {"stream"}
+
+
+def zero_gradient_rows(runs: Sequence[Run], loss: str = "mse") -> dict[str, int]:
+    """``{act: rows}``: per activation, the rows of the gradient-covariance heatmaps (its lowest seed, at the steps
+    the report draws: middle and end of the stream) whose off-diagonal entries are all exactly 0 (a sample whose
+    loss gradient is exactly zero: ``gradient_covariance`` sets its row and column to 0 and its diagonal to 1)."""
+    out: dict[str, int] = {}
+    for run in sorted(runs, key=lambda r: r.seed):
+        act = str(run.config.get("act"))
+        if act in out or loss not in run.probes.get("gradcov", {}):
+            continue
+        count = 0
+        for rec in run_data.select_records(run, "gradcov", loss):
+            c = np.asarray(rec.value)
+            off = c[~np.eye(len(c), dtype=bool)].reshape(len(c), len(c) - 1)
+            count += int((off == 0).all(axis=1).sum())
+        out[act] = count
+    return out
+
+
+def _gradcov_steps(runs: Sequence[Run]) -> list[int]:
+    steps = {int(s) for r in runs for s in r.probes.get("gradcov", {}).get("step", ())}
+    return sorted(steps)
+
+
+def _k(runs: Sequence[Run]) -> int | None:
+    for r in runs:
+        if "mse" in r.probes.get("gradcov", {}):
+            return int(r.probes["gradcov"]["mse"].shape[-1])
+    return None
+
+
+def _probe_caption(heading: str, caption: str, src: str, runs: Sequence[Run], seeds: str) -> str:
+    """The showcase's caption of a probe-report figure: what it shows, in a reader's words."""
+    k = _k(runs)
+    if heading == "Gradient covariance" and k is not None:
+        drawn = (f"{k} distinct samples drawn without replacement from those seen so far, in order of x (the "
+                 f"probe starts once {k} samples have been seen)")
+        if src.endswith("_over_time.png"):
+            steps = _gradcov_steps(runs)
+            at = f" (at {', '.join(map(str, steps))} samples seen)" if steps else ""
+            return (f"Interference over time{at}: the mean off-diagonal C_ij and the fraction of negative C_ij "
+                    f"among {drawn}; mean ± SE over {seeds}.")
+        text = (f"Gradient covariance C_ij = cos(g_i, g_j) of the per-sample MSE-loss gradients g_i of {drawn}, "
+                "one seed per activation at the middle and end of the stream: red (C_ij > 0), an update on sample "
+                "i also helps sample j; blue (C_ij < 0), it interferes.")
+        zeros = {act: n for act, n in zero_gradient_rows(runs).items() if n}
+        if zeros:
+            which = " and ".join(f"{n} for {method_name(a)}" for a, n in zeros.items())
+            why = (": at small x no hidden ReLU unit is active (the ReLU net starts with zero hidden biases, so at "
+                   "x = 0 every unit sits at its kink), so f(x) is exactly 0 and so is every parameter gradient"
+                   if set(zeros) == {"relu"} else "")
+            text += (f" White rows and columns ({which} in these panels) are samples whose loss gradient is exactly "
+                     f"zero{why}. Such a sample has no gradient direction: C_ij is 0 off the diagonal there (1 on "
+                     "it).")
+        return text
+    if heading == "NTK" and src.endswith("ntk_current.png"):
+        return ("Empirical NTK(x, x_t) of every probe input x against the sample being learned x_t (dashed line), "
+                "normalised to a maximum of 1, at the middle and end of the stream; one seed per activation.")
+    if heading == "Sparsity and dormancy":  # "act=relu lr=0.003: sparsity.dormant: ...; layers: activation 1 = 1"
+        caption = re.sub(r"^act=(\w+) lr=(\S+): ", lambda m: f"{method_name(m.group(1))} (lr {m.group(2)}), "
+                         "the hidden layer: ", caption)
+        caption = re.sub(r"sparsity\.(\w+)", lambda m: m.group(1).replace("_", " "), caption)
+        return re.sub(r"; layers: activation 1 = 1$", "", caption)
+    return caption
+
+
+def _showcase_parts(parts: Sequence[Part], out: Path) -> list[Part]:
+    """The probe report's parts without :data:`DROPPED_SECTIONS` (their figures deleted) and without the
+    :data:`DROPPED_COLUMNS` and the all-empty columns of their tables (RL returns, for a streaming run)."""
+    kept = []
+    for part in parts:
+        for heading in DROPPED_SECTIONS:
+            for _, src in part.sections.get(heading, ()):
+                for suffix in (".png", ".pdf"):
+                    (out / src).with_suffix(suffix).unlink(missing_ok=True)
+        sections = {h: figs for h, figs in part.sections.items() if h not in DROPPED_SECTIONS}
+        tables = []
+        for table in part.tables:
+            keep = [i for i, c in enumerate(table.columns) if c not in DROPPED_COLUMNS
+                    and (i == 0 or any(str(row[i]).strip() for row in table.rows))]
+            tables.append(Table(table.heading, [table.columns[i] for i in keep],
+                                [[row[i] for i in keep] for row in table.rows]))
+        kept.append(dataclasses.replace(part, sections=sections, tables=tables))
+    return kept
+
+
+def run(out: Path, seeds: str, settings: Mapping[str, Any] | None = None) -> Path:
+    """Train, report and write ``out/index.html``; return its path. `settings`: more ``stream-sin``/``edit``
+    settings (e.g. ``{"width": 100, "n": 60}`` for a quick check; each command takes those it knows)."""
     torch.set_num_threads(1)
     start = time.perf_counter()
+    settings = dict(settings or {})
     rows = sparsity_table()
     print("Sparsity of activations and of their derivatives (measured | paper):")
     for name, f, pf, g, pg in rows:
         print(f"  {name:9s} S(f) = {f:.3f} | {pf:.2f}    S(f') = {g:.3f} | {pg:.2f}")
 
     runs_dir = out / "runs"
+    unknown = set(settings) - STREAM_KEYS - EDIT_KEYS
+    if unknown:
+        raise ValueError(f"showcase: unknown settings {sorted(unknown)}")
     stream, edit = get_command("stream-sin"), get_command("edit")
+    probe_at: list[int] = []
     for act, lr in METHODS.items():
-        cfg = stream.make_config({"act": act, "lr": lr, "seeds": seeds, "probe": "ntk,outputs,sparsity,gradcov"})
+        cfg = stream.make_config({"act": act, "lr": lr, "seeds": seeds, "probe": "ntk,outputs,sparsity,gradcov",
+                                  **{k: v for k, v in settings.items() if k in STREAM_KEYS}})
+        probe_at = cfg["probe_at"]
         summary = stream.run(cfg, stream.run_dir(cfg, runs_dir))
         print(f"stream-sin {act:9s} lr={lr:g}: final test MSE per seed {summary['final_mse']}")
-        ecfg = edit.make_config({"act": act, "seeds": seeds})
+        ecfg = edit.make_config({"act": act, "seeds": seeds, **{k: v for k, v in settings.items() if k in EDIT_KEYS}})
         summary = edit.run(ecfg, edit.run_dir(ecfg, runs_dir))
         print(f"edit       {act:9s}: mean |change| far from x=1.5 per seed {summary['far_change']}")
 
     stream_runs = [read_run(p) for p in find_runs(runs_dir / "stream-sin")]
     edit_runs = [read_run(p) for p in find_runs(runs_dir / "edit")]
     n_seeds = len(seeds.split(","))
-    note = (f"Showcase scale: {n_seeds} seeds per method (the paper uses 5) and one learning rate per method (each "
-            "method's best in the full sweep); the full table is `python -m agents.grid agents/grids/stream_table.yml`.")
+    over = seeds_phrase([n_seeds])  # "3 seeds", "1 seed"
+    note = (f"Showcase scale: {over} per method (the paper uses 5) and one learning rate per method (each "
+            "method's best in the full sweep); the full table is "
+            "`python -m agents.grid agents/grids/stream_table.yml`.")
     build_stream_report(stream_runs, edit_runs, out / "stream", note=note)
-    parts = report_parts(stream_runs, out / "probes")
+    parts = _showcase_parts(report_parts(stream_runs, out / "probes"), out / "probes")
     write_index(out / "probes", "Probes of the streaming runs", parts=parts)
 
     table = stream_table(stream_runs)
     edits = edit_table(edit_runs)
+    stat = f"mean ± SE over {over}" if n_seeds > 1 else f"{over} (no SE with one seed)"
     tables = [
         Table("Function and gradient sparsity (Definition 1; measured vs paper)",
               ["activation", "S(f) measured", "paper", "S(f') measured", "paper"],
-              [[n, f"{f:.3f}", f"{pf:g}", f"{g:.3f}", f"{pg:g}"] for n, f, pf, g, pg in rows]),
-        Table(f"Streaming sin(pi x): final test MSE, mean ± SE over {n_seeds} seeds (paper: 5 seeds, best lr)",
+              [[method_name(n), f"{f:.3f}", f"{pf:g}", f"{g:.3f}", f"{pg:g}"] for n, f, pf, g, pg in rows]),
+        Table(f"Streaming sin(pi x): final test MSE, {stat} (paper: mean ± SE over 5 seeds, best lr)",
               ["method", "lr", "measured", "paper"],
-              [[r.method, f"{r.best_lr:g}", f"{r.mean:.4f} ± {r.sem:.4f}",
+              [[method_name(r.method), f"{r.best_lr:g}",
+                f"{r.mean:.4f} ± {r.sem:.4f}" if n_seeds > 1 else f"{r.mean:.4f}",
                 "" if r.paper_mean is None else f"{r.paper_mean:.4f} ± {r.paper_sem:.4f}"] for r in table]),
         Table("Editing at x = 1.5 (target -1 -> -1.5): mean |change| where |x - 1.5| > 0.2",
-              ["activation", "far change (mean ± SE)", "gradient steps"],
-              [[e.act, f"{e.mean_far_change:.4f} ± {e.sem_far_change:.4f}", f"{e.mean_steps:.0f}"]
-               for e in edits.rows]
+              ["activation", f"far change ({stat})", "gradient steps (mean)"],
+              [[method_name(e.act), f"{e.mean_far_change:.4f} ± {e.sem_far_change:.4f}" if n_seeds > 1
+                else f"{e.mean_far_change:.4f}", f"{e.mean_steps:.0f}"] for e in edits.rows]
               + ([["ReLU / Elephant", f"{edits.ratio:.1f}x", ""]] if edits.ratio is not None else [])),
     ]
+    steps = f"{probe_at[0]} to {probe_at[-1]}" if probe_at else "a few numbers of"
     figures = {
         "Streaming regression (Figure 2a): learned function and normalised NTK(x, x_t)": [
-            ("Elephant (top) and ReLU (bottom) after 1 to 200 samples: the learned function and NTK(x, x_t)",
-             "stream/sine_panels.png"),
-            (f"Test MSE after each sample, mean ± SE over {n_seeds} seeds", "stream/test_mse.png")],
+            (f"Elephant (top) and ReLU (bottom) after {steps} samples (t = samples seen; seed 0; the same y-range "
+             "in every panel): the true function, the learned function and the NTK against the sample being "
+             "learned, normalised to a maximum of 1", "stream/sine_panels.png"),
+            (f"Test MSE after each sample (log scale), {'mean ± SE over ' + over if n_seeds > 1 else over}",
+             "stream/test_mse.png")],
         "Local editing (Figure 2b)": [("Before and after the edit at x = 1.5 (seed 0), and the far change of every "
                                        "seed", "stream/edit.png")],
-        **{f"Probes during training: {heading.lower()}": [(caption, f"probes/{src}") for caption, src in figs]
+        **{f"Probes during training: {HEADINGS.get(heading, heading)}":
+           [(_probe_caption(heading, caption, src, stream_runs, over), f"probes/{src}") for caption, src in figs]
            for part in parts for heading, figs in part.sections.items()},
     }
-    notes = [f"Showcase scale: {n_seeds} seeds per method (the paper and the README's tables use 5). Elephant's "
-             "far change after an edit varies between seeds more than ReLU's, so the ReLU / Elephant ratio moves "
-             "with the seeds drawn (the README quotes 5 seeds: python -m agents.train edit --act elephant --seeds "
-             "0,1,2,3,4, and the same for relu)."]
+    notes = [f"Showcase scale: {over} per method (the paper and the README's tables use 5). Elephant's far "
+             "change after an edit is small, so its spread between seeds is large relative to its mean and the "
+             "ReLU / Elephant ratio moves with the seeds drawn (the README quotes 5 seeds: python -m agents.train "
+             "edit --act elephant --seeds 0,1,2,3,4, and the same for relu)."]
     links = [("Streaming report (table, Fig. 2 panels)", "stream/index.html"), ("Probe report", "probes/index.html")]
     index = write_index(out, "interference showcase: Elephant vs ReLU", tables, figures, notes=notes, links=links)
     print(f"\n{index}  (built in {time.perf_counter() - start:.0f} s; full reports in {out / 'stream'} and "

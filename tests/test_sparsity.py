@@ -1,6 +1,4 @@
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +15,9 @@ from interference import (
     sparsity_limit,
 )
 from interference.activations import elephant
+from interference.demo import PAPER_SPARSITY
 from interference.sparsity import derivative, sparse_measure
+from reports import paper
 
 # The paper's Table "function sparsity and gradient sparsity" (appendix, tb:activation).
 TABLE = {"relu": (0.5, 0.5), "sigmoid": (0.5, 1.0), "tanh": (0.0, 1.0), "elu": (0.0, 0.5), "elephant": (1.0, 1.0)}
@@ -50,15 +50,12 @@ def test_closed_forms_of_s_eps_c():
     assert gradient_sparsity(torch.sigmoid, eps2, c) == pytest.approx((c - x_hi) / c, abs=1e-10)
 
 
-def test_reference_copy_matches_paper_table():
-    """The project's copy of the paper's numbers agrees with the mechanical transcription, when it is present."""
-    shared = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paper_tables.json"
-    if not shared.exists():
-        pytest.skip("optional cross-check: the maintainers' transcription of the paper's tables "
-                    "(../shared/reference/paper_tables.json) is not beside this checkout")
-    rows = json.loads(shared.read_text())["tb:activation"][1:]
-    frac = lambda s: eval(s, {})  # "1/2" -> 0.5
-    assert {r[0]: (frac(r[1]), frac(r[2])) for r in rows} == TABLE
+def test_sparsity_table_matches_the_projects_copy_of_the_paper():
+    """TABLE above and the demo's table agree with the project's copy of the paper's tb:activation
+    (reports.paper.ACTIVATION_SPARSITY)."""
+    copy = {name: (float(f), float(g)) for name, (f, g) in paper.ACTIVATION_SPARSITY.items()}
+    assert TABLE == copy
+    assert PAPER_SPARSITY == copy
 
 
 def test_representation_measures():

@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,13 @@ import torch
 from interference.activation_spec import activation_names
 from interference.gradcov import LossFn
 from probes import PROBES, Field, ProbeContext, ProbeRunner, RunLog, make_probe
+from probes.runlog import END
 
 from ..commands import ConfigError, parse_seeds, probe_list
 from .edit import EditConfig, edit
 from .learner import Ensemble, StreamConfig, build_net, train_stream
 
-__all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes"]
+__all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes", "sample_steps"]
 
 N_PROBE_INPUTS = 201
 
@@ -99,7 +100,8 @@ class StreamSin:
         g.add_argument("--probe", metavar="NAMES",
                        help="comma-separated probes of the list above (default ntk,outputs,sparsity)")
         g.add_argument("--probe-at", dest="probe_at",
-                       help="samples seen at which probes run (default 1,25,50,100,150,200)")
+                       help="samples seen at which probes run (default 1,25,50,100,150,200; gradcov, which draws k=32 "
+                            "distinct samples of those seen, runs from the 32nd sample on)")
 
     def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
         cfg = _stream_config(values)
@@ -138,6 +140,8 @@ class StreamSin:
 
         try:
             result = train_stream(cfg, on_sample)
+            for runner, _ in runners:  # reports read "finished" from here (a log without it is still running)
+                runner.log.end(cfg.n, "finished")
         finally:
             for runner, _ in runners:
                 runner.close()
@@ -153,13 +157,25 @@ def _mse(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def _sampler(x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator):
-    """``sample(k)``: ``k`` of the samples seen so far, drawn with replacement."""
+    """``sample(k)``: ``k`` distinct samples of those seen so far (drawn without replacement), in stream order
+    (increasing x); ValueError if fewer than ``k`` have been seen."""
 
     def sample(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.as_tensor(rng.integers(0, len(x), size=k))
+        if k > len(x):
+            raise ValueError(f"cannot draw {k} distinct samples from the {len(x)} seen so far")
+        idx = torch.as_tensor(np.sort(rng.choice(len(x), size=k, replace=False)))
         return x[idx], y[idx]
 
     return sample
+
+
+def sample_steps(at: Sequence[int], k: int, n: int) -> list[int]:
+    """Probe steps for a probe that draws ``k`` distinct samples of those seen: the steps of `at` from ``k`` on,
+    and ``k`` itself in place of earlier ones (the first step with ``k`` distinct samples); none if the stream
+    has fewer than ``k`` samples (``n < k``)."""
+    if n < k:
+        return []
+    return sorted({max(int(s), k) for s in at})
 
 
 def stream_probes(cfg: StreamConfig, seed: int, names: list[str], at: list[int],
@@ -174,12 +190,15 @@ def stream_probes(cfg: StreamConfig, seed: int, names: list[str], at: list[int],
     kwargs = {"every": None, "at": at}
     probes = [make_probe(n, **kwargs, **({"against": "current", "normalized": True} if n == "ntk" else {}))
               for n in names]
+    # gradcov draws k distinct samples of those seen so far: it waits until k have been seen
+    probes = [make_probe(p.name, every=None, at=sample_steps(at, p.k, cfg.n)) if p.name == "gradcov" else p
+              for p in probes]
     inputs = torch.linspace(0.0, 2.0, N_PROBE_INPUTS)[:, None]
     losses: dict[str, LossFn] = {"mse": _mse}
     ctx = ProbeContext(step=0, model=build_net(cfg, seed), losses=losses, inputs=inputs,
                        current=inputs[:1], sample=_sampler(inputs, torch.sin(math.pi * inputs), np.random.default_rng(0)))
     config = {"algo": "stream-sin", **asdict(cfg), "seeds": None, "seed": seed}
-    runner = ProbeRunner(probes, path, example=ctx, config=config, seed=seed, scalars=("test_mse",), overwrite=True)
+    runner = ProbeRunner(probes, path, example=ctx, config=config, seed=seed, scalars=("test_mse", END), overwrite=True)
     return runner, ctx
 
 

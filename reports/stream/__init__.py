@@ -16,13 +16,14 @@ reports mean +- standard error (``std(ddof=1) / sqrt(n)``) over seeds of the fin
 
 from .data import (EDIT_ALGO, STREAM_ALGO, TABLE_CAPTION, EditRecord, EditRow, EditTable, SineSnapshot, StreamRow,
                    SweepRow, best_runs, config_label, edit_records, edit_table, final_mse, incomplete_runs, is_edit_run,
-                   is_stream_run, lr_sweep, method_of, sine_snapshots, stream_table)
+                   is_stream_run, lr_sweep, method_of, seeds_phrase, sine_snapshots, stream_table, table_caption)
 from .page import build_stream_report, edit_markdown, main, stream_markdown, sweep_markdown
 from .plots import edit_figure, mse_curves, sine_panels
 
 __all__ = [
-    "STREAM_ALGO", "EDIT_ALGO", "TABLE_CAPTION", "SweepRow", "StreamRow", "SineSnapshot", "EditRecord", "EditRow",
-    "EditTable", "is_stream_run", "is_edit_run", "method_of", "config_label", "final_mse", "incomplete_runs",
+    "STREAM_ALGO", "EDIT_ALGO", "TABLE_CAPTION", "table_caption", "seeds_phrase", "SweepRow", "StreamRow",
+    "SineSnapshot", "EditRecord", "EditRow", "EditTable", "is_stream_run", "is_edit_run", "method_of", "config_label",
+    "final_mse", "incomplete_runs",
     "lr_sweep", "stream_table", "best_runs", "sine_snapshots", "edit_records", "edit_table", "sine_panels",
     "mse_curves", "edit_figure", "stream_markdown", "sweep_markdown", "edit_markdown", "build_stream_report",
     "main",

@@ -17,10 +17,34 @@ from .. import paper
 
 STREAM_ALGO = "stream-sin"
 EDIT_ALGO = "edit"
-TABLE_CAPTION = (
-    "Final test MSE on sin(pi x) (test MSE after the last sample of the stream), mean ± standard error "
-    "(std with ddof=1 / sqrt(n)) over n seeds, at the learning rate with the lowest mean final test MSE; for SR-NN "
-    "the best over activation × lambda (> 0) × beta × learning rate. Paper (tb:sin): 5 runs, standard errors.")
+
+
+def seeds_phrase(n_seeds: Iterable[int]) -> str:
+    """``"3 seeds"``, ``"1 seed"``, ``"2–5 seeds (per method: the Seeds column)"``; ``"seeds"`` if none given."""
+    counts = sorted(set(int(n) for n in n_seeds))
+    if not counts:
+        return "seeds"
+    if len(counts) == 1:
+        return f"{counts[0]} seed{'s' * (counts[0] != 1)}"
+    return f"{counts[0]}–{counts[-1]} seeds (per method: the Seeds column)"
+
+
+def table_caption(n_seeds: Iterable[int] = ()) -> str:
+    """The caption of Table tb:sin, naming how many seeds the statistics are over (`n_seeds`: the seed count of
+    each row; none given: "over seeds")."""
+    counts = sorted(set(int(n) for n in n_seeds))
+    if counts == [1]:
+        stat = "the value of 1 seed (no standard error with one seed)"
+    else:
+        stat = (f"mean ± standard error (std with ddof=1 / sqrt(n), n the number of seeds) over "
+                f"{seeds_phrase(counts)}" + ("; none for a method with one seed" if 1 in counts else ""))
+    return (f"Final test MSE on sin(pi x) (test MSE after the last sample of the stream), {stat}, at the "
+            "learning rate with the lowest mean final test MSE; for SR-NN the best over activation × lambda (> 0) × "
+            "beta × learning rate. Paper (tb:sin): 5 runs, standard errors.")
+
+
+#: :func:`table_caption` without a seed count
+TABLE_CAPTION = table_caption()
 _METHOD_ORDER = tuple(paper.METHOD_NAMES)
 # Config keys that are not settings of the experiment as a whole: the sweep axes and bookkeeping.
 _SWEPT = {"seed", "seeds", "lr", "act", "srnn_lambda", "srnn_beta", "command", "probe", "probe_at"}

@@ -16,8 +16,9 @@ from .. import paper
 from .. import plots as figures
 from ..cli import load_runs, output_dir, steps_arg
 from ..html import Table, write_index
-from .data import (TABLE_CAPTION, EditTable, StreamRow, SweepRow, _grouped, _row_label, best_runs, edit_records,
-                   edit_table, incomplete_runs, is_edit_run, is_stream_run, lr_sweep, stream_table)
+from .data import (EditTable, StreamRow, SweepRow, _grouped, _row_label, best_runs, edit_records,
+                   edit_table, incomplete_runs, is_edit_run, is_stream_run, lr_sweep, seeds_phrase, stream_table,
+                   table_caption)
 from .plots import edit_figure, mse_curves, sine_panels
 
 
@@ -66,7 +67,7 @@ def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def stream_markdown(rows: Sequence[StreamRow], note: str = "") -> str:
     """Table tb:sin, measured next to the paper, as markdown with its caption (and `note`) above."""
-    head = f"**Table tb:sin.** {TABLE_CAPTION}" + (f" {note}" if note else "")
+    head = f"**Table tb:sin.** {table_caption(r.n_seeds for r in rows)}" + (f" {note}" if note else "")
     return head + "\n\n" + _markdown(*_stream_cells(rows))
 
 
@@ -113,7 +114,7 @@ def build_stream_report(stream_runs: Sequence[Run], edit_runs: Sequence[Run], ou
     tables: list[Table] = []
     sections: dict[str, list[tuple[str, str]]] = {}
     md: list[str] = []
-    notes = [["statistic", TABLE_CAPTION]]
+    notes = [["statistic", table_caption(r.n_seeds for r in rows)]]
     if note:
         notes.append(["note", note])
     if stream_runs:
@@ -124,8 +125,9 @@ def build_stream_report(stream_runs: Sequence[Run], edit_runs: Sequence[Run], ou
                                   + ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")])
     if rows:
         md += [stream_markdown(rows, note), sweep_markdown(sweep)]
-        tables.append(Table("Table tb:sin: final test MSE, mean ± standard error over seeds at each method's "
-                            "best setting (see Notes), measured vs paper", *_stream_cells(rows)))
+        tables.append(Table(f"Table tb:sin: final test MSE, mean ± standard error over "
+                            f"{seeds_phrase(r.n_seeds for r in rows)} at each method's best setting (see Notes), "
+                            "measured vs paper", *_stream_cells(rows)))
         best = best_runs(stream_runs)
         try:
             fig = sine_panels(best, steps)

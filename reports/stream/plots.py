@@ -16,19 +16,35 @@ from .. import plots as figures
 from .data import _table_of, edit_records, sine_snapshots
 
 
-_PANEL_W, _PANEL_H = 2.6, 2.2
+_PANEL_W, _PANEL_H = 2.9, 2.5
+#: font sizes of the Figure-2a panels (points): titles, axis labels, tick labels, legend
+_TITLE, _LABEL, _TICK, _LEGEND = 11, 10, 9, 10
+#: the y-range of the Figure-2a panels grows with the learned functions up to this bound (beyond: a note in the panel)
+_Y_BOUND = 3.0
+
+
+def shared_ylim(curves: Iterable[np.ndarray], bound: float = _Y_BOUND, least: float = 1.6) -> tuple[float, float]:
+    """One y-range for panels of `curves`: at least ``[-least, least]`` (sin and the normalised NTK fit), grown to
+    the curves' finite extremes plus a margin, clipped to ``[-bound, bound]``."""
+    finite = [c[np.isfinite(c)] for c in curves]
+    finite = np.concatenate(finite) if finite else np.empty(0)
+    lo = float(finite.min()) - 0.1 if len(finite) else -least
+    hi = float(finite.max()) + 0.1 if len(finite) else least
+    return max(-bound, min(-least, lo)), min(bound, max(least, hi))
 
 
 def sine_panels(runs_by_label: Mapping[str, Run], steps: Sequence[int] | None = None) -> Figure:
     """Figure 2a: one row per method, one column per probe step (nearest ``outputs`` records to `steps`,
     default the recorded ones, at most 6): true sin(pi x), learned f(x), normalised NTK(x, x_t) and the sample
-    x_t (dotted line, dot at (x_t, y_t)); one legend for the figure. ValueError if no run has snapshots."""
+    x_t (dotted line, dot at (x_t, y_t)); one legend for the figure. Every panel has the same y-range
+    (:func:`shared_ylim`); a panel whose f(x) leaves it says how far. ValueError if no run has snapshots."""
     rows = {label: snaps for label, run in runs_by_label.items() if (snaps := sine_snapshots(run, steps))}
     if not rows:
         raise ValueError("sine_panels: no run has 'outputs' probe records with probe inputs")
     n_cols = max(len(s) for s in rows.values())
-    fig = Figure(figsize=(_PANEL_W * n_cols + 0.6, _PANEL_H * len(rows) + 0.7), layout="constrained")
-    axes = fig.subplots(len(rows), n_cols, squeeze=False, sharex=True)
+    lo, hi = shared_ylim(s.f for snaps in rows.values() for s in snaps)
+    fig = Figure(figsize=(_PANEL_W * n_cols + 0.8, _PANEL_H * len(rows) + 0.9), layout="constrained")
+    axes = fig.subplots(len(rows), n_cols, squeeze=False, sharex=True, sharey=True)
     handles: dict[str, object] = {}
     for r, (label, snaps) in enumerate(rows.items()):
         for c in range(n_cols):
@@ -38,29 +54,34 @@ def sine_panels(runs_by_label: Mapping[str, Run], steps: Sequence[int] | None = 
                 continue
             s = snaps[c]
             lines = {r"true $\sin(\pi x)$": ax.plot(s.x, np.sin(np.pi * s.x), color="k", ls="--", lw=1)[0],
-                     r"learned $f(x)$": ax.plot(s.x, s.f, color="C0", lw=1.5)[0]}
+                     r"learned $f(x)$": ax.plot(s.x, s.f, color="C0", lw=1.6)[0]}
             if s.ntk is not None:
-                lines[r"normalised NTK$(x, x_t)$"] = ax.plot(s.x, s.ntk, color="C3", lw=1.2)[0]
+                lines[r"normalised NTK$(x, x_t)$"] = ax.plot(s.x, s.ntk, color="C3", lw=1.3)[0]
             if s.x_t is not None:
                 lines[r"$x_t$"] = ax.axvline(s.x_t, color="0.45", ls=":", lw=1)
-                lines[r"sample $(x_t, y_t)$"] = ax.plot([s.x_t], [np.sin(np.pi * s.x_t)], "o", color="C2", ms=4)[0]
+                lines[r"sample $(x_t, y_t)$"] = ax.plot([s.x_t], [np.sin(np.pi * s.x_t)], "o", color="C2", ms=5)[0]
             for name, handle in lines.items():
                 handles.setdefault(name, handle)
             finite = s.f[np.isfinite(s.f)]
-            lo = max(-4.0, min(-1.6, float(finite.min()) if len(finite) else -1.6))
-            hi = min(4.0, max(1.6, float(finite.max()) if len(finite) else 1.6))
+            off = [f"max {finite.max():.3g}" for _ in [0] if len(finite) and finite.max() > hi] + \
+                  [f"min {finite.min():.3g}" for _ in [0] if len(finite) and finite.min() < lo]
+            if len(finite) < len(s.f):
+                off.append("not finite")
+            if off:
+                ax.text(0.03, 0.03, "f(x) off scale: " + ", ".join(off), transform=ax.transAxes, fontsize=_TICK,
+                        color="C0", va="bottom", ha="left")
             ax.set_ylim(lo, hi)
             ax.set_xlim(float(s.x[0]), float(s.x[-1]))
             ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
-            ax.set_title(f"t = {s.step}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            if r == len(rows) - 1:
-                ax.set_xlabel("x", fontsize=8)
-        axes[r, 0].set_ylabel(f"{label.replace(' (', chr(10) + '(')}\nseed {snaps[0].seed}", fontsize=8)
+            ax.set_title(f"t = {s.step}", fontsize=_TITLE)
+            ax.tick_params(labelsize=_TICK)
+            if r == len(rows) - 1 or c >= len(rows[list(rows)[r + 1]]):
+                ax.set_xlabel("x", fontsize=_LABEL)
+        axes[r, 0].set_ylabel(f"{label.replace(' (', chr(10) + '(')}\nseed {snaps[0].seed}", fontsize=_LABEL)
     fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=len(handles),
-               fontsize=8, frameon=False)
-    fig.suptitle("Streaming regression on sin(pi x): learned function and NTK against the current sample",
-                 fontsize=10)
+               fontsize=_LEGEND, frameon=False)
+    fig.suptitle("Streaming regression on sin(pi x): learned function and NTK against the current sample "
+                 "(t = samples seen)", fontsize=_TITLE + 1)
     return fig
 
 
@@ -87,16 +108,19 @@ def _stream_length(runs: Sequence[Run]) -> int:
 
 def edit_figure(edit_runs: Iterable[Run]) -> Figure:
     """Figure 2b: per activation (lowest seed) the learned function before and after editing the target at
-    ``x_edit``, with the edit point and the excluded band ``|x - x_edit| <= far`` marked; last panel the far
-    change per activation, mean ± standard error over seeds (bars) and each seed (dots). ValueError if there
-    are no edit records."""
+    ``x_edit``, with the edit point and the excluded band ``|x - x_edit| <= far`` marked, on one y-range; last
+    panel the far change per activation, mean ± standard error over seeds (bars) and each seed (dots).
+    ValueError if there are no edit records."""
     records = edit_records(edit_runs)
     if not records:
         raise ValueError("edit_figure: no edit run logs")
     table = _table_of(records)
     n = len(records) + 1
-    fig = Figure(figsize=(3.3 * n, 3.2), layout="constrained")
+    fig = Figure(figsize=(3.3 * n, 3.6), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
+    shown = np.concatenate([np.concatenate([r[0].before, r[0].after, [r[0].target]]) for r in records.values()])
+    shown = shown[np.isfinite(shown)]  # one y-range for the function panels
+    ylim = (max(-4.0, min(-1.2, float(shown.min()) - 0.2)), min(4.0, max(1.2, float(shown.max()) + 0.2)))
     for ax, (act, recs) in zip(axes, records.items()):
         rec = recs[0]
         ax.axvspan(rec.x_edit - rec.far, rec.x_edit + rec.far, color="0.92", lw=0, label=f"|x - x_edit| <= {rec.far:g}")
@@ -105,14 +129,13 @@ def edit_figure(edit_runs: Iterable[Run]) -> Figure:
         ax.plot(rec.x, rec.after, color="C3", lw=1.5, label="after edit")
         ax.plot([rec.x_edit], [rec.target], "*", color="C2", ms=10,
                 label=f"new target ({rec.x_edit:g}, {rec.target:g})")
-        ax.set_title(f"{paper.method_name(act)} (seed {rec.seed}): far change {rec.far_change:.3g}", fontsize=9)
-        ax.set_xlabel("x")
-        shown = np.concatenate([rec.before, rec.after, [rec.target]])
-        shown = shown[np.isfinite(shown)]
-        ax.set_ylim(max(-4.0, min(-1.2, float(shown.min()) - 0.2)), min(4.0, max(1.2, float(shown.max()) + 0.2)))
-        ax.tick_params(labelsize=7)
-    axes[0].set_ylabel("f(x)")
-    axes[0].legend(fontsize=6, loc="upper right")
+        ax.set_title(f"{paper.method_name(act)} (seed {rec.seed}): far change {rec.far_change:.3g}", fontsize=10)
+        ax.set_xlabel("x", fontsize=10)
+        ax.set_ylim(*ylim)
+        ax.tick_params(labelsize=9)
+    axes[0].set_ylabel("f(x)", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9, frameon=False)
     ax = axes[-1]
     names = [paper.method_name(r.act) for r in table.rows]
     means = np.array([r.mean_far_change for r in table.rows])
@@ -121,11 +144,12 @@ def edit_figure(edit_runs: Iterable[Run]) -> Figure:
     ax.bar(pos, means, yerr=sems, color=[figures.activation_color(r.act) for r in table.rows], alpha=0.6, capsize=4)
     for i, recs in enumerate(records.values()):
         ax.plot(np.full(len(recs), float(i)), [r.far_change for r in recs], "o", color="k", ms=3)
-    ax.set_xticks(pos, names, fontsize=8)
-    ax.set_ylabel(f"mean |after - before|, |x - x_edit| > {table.far:g}", fontsize=8)
+    ax.set_xticks(pos, names, fontsize=10)
+    ax.tick_params(axis="y", labelsize=9)
+    ax.set_ylabel(f"mean |after - before|, |x - x_edit| > {table.far:g}", fontsize=9)
     title = "far change, mean ± SE over seeds"
     if table.ratio is not None:
         title += f"\nReLU / Elephant = {table.ratio:.3g}"
-    ax.set_title(title, fontsize=9)
-    fig.suptitle(f"Editing f({table.x_edit:g}) to {table.target:g}", fontsize=10)
+    ax.set_title(title, fontsize=10)
+    fig.suptitle(f"Editing f({table.x_edit:g}) to {table.target:g}", fontsize=11)
     return fig
