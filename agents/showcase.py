@@ -7,7 +7,7 @@
    with NTK, learned-function, sparsity and gradient-covariance probes;
 3. local editing at x = 1.5 (Figure 2b) with the measured change far from the edit;
 and writes ``OUT/index.html`` (with ``OUT/stream/`` and ``OUT/probes/`` reports beside it). The full table is
-``python -m agents.grid agents/grids/stream_table.yml`` (see the README).
+``python -m agents.grid agents/grids/stream_table.yml`` (docs/reproductions/streaming-regression.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .commands import get_command
 from .stream.edit import EditConfig
 from .stream.learner import StreamConfig
 
-# Learning rates: each method's best on the paper's grid in our full-table run (README, "Streaming table").
+# Learning rates: each method's best on the paper's grid in the full table (docs/reproductions/streaming-regression.md).
 METHODS = {"elephant": 3e-4, "relu": 3e-3}
 
 
@@ -209,10 +209,10 @@ def run(out: Path, seeds: str, settings: Mapping[str, Any] | None = None) -> Pat
            [(_probe_caption(heading, caption, src, stream_runs, over), f"probes/{src}") for caption, src in figs]
            for part in parts for heading, figs in part.sections.items()},
     }
-    notes = [f"Showcase scale: {over} per method (the paper and the README's tables use 5). Elephant's far "
-             "change after an edit is small, so its spread between seeds is large relative to its mean and the "
-             "ReLU / Elephant ratio moves with the seeds drawn (the README quotes 5 seeds: python -m agents.train "
-             "edit --act elephant --seeds 0,1,2,3,4, and the same for relu)."]
+    notes = [f"Showcase scale: {over} per method (the paper and the reproduction pages in docs/reproductions use "
+             "5). Elephant's far change after an edit is small, so its spread between seeds is large relative to its "
+             "mean and the ReLU / Elephant ratio moves with the seeds drawn (docs/reproductions/local-editing.md "
+             "reports 5 seeds: python -m agents.train edit --act elephant --seeds 0,1,2,3,4, and the same for relu)."]
     links = [("Streaming report (table, Fig. 2 panels)", "stream/index.html"), ("Probe report", "probes/index.html")]
     index = write_index(out, "interference showcase: Elephant vs ReLU", tables, figures, notes=notes, links=links)
     print(f"\n{index}  (built in {time.perf_counter() - start:.0f} s; full reports in {out / 'stream'} and "

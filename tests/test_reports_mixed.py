@@ -144,7 +144,7 @@ def test_the_showcase_page_has_real_captions_links_and_the_citation(tmp_path):
     stems = {Path(src).stem.replace("_", " ") for src in page.images}
     assert captions and not stems & set(captions)  # captions say what a figure shows, not its file name
     assert all((tmp_path / "showcase" / src).exists() for src in page.images)
-    assert "the README quotes 5 seeds" in index.read_text() and "Vasan" in index.read_text()
+    assert "local-editing.md reports 5 seeds" in index.read_text() and "Vasan" in index.read_text()
 
 
 def test_ntk_against_distance_bins_the_normalised_kernel_of_every_run():
