@@ -72,6 +72,42 @@ def zero_gradient_rows(runs: Sequence[Run], loss: str = "mse") -> dict[str, int]
     return out
 
 
+def _lowest_seed(runs: Sequence[Run], act: str) -> Run | None:
+    found = sorted((r for r in runs if r.config.get("act") == act), key=lambda r: r.seed)
+    return found[0] if found else None
+
+
+def zero_output_edge(runs: Sequence[Run], act: str, loss: str = "mse") -> dict[int, float]:
+    """``{step: x}``: for `act`'s lowest seed, at the steps of its gradient-covariance heatmaps, the largest probe
+    input ``x`` with ``f(x') == 0`` exactly for every probe input ``x' <= x`` (from the ``outputs`` probe's record
+    at that step); steps where ``f`` at the smallest probe input is not exactly 0 are left out."""
+    run = _lowest_seed(runs, act)
+    if run is None or loss not in run.probes.get("gradcov", {}) or run_data.probe_inputs(run) is None:
+        return {}
+    x = np.asarray(run_data.probe_inputs(run)).reshape(-1)
+    order = np.argsort(x)
+    out = {}
+    for rec in run_data.select_records(run, "gradcov", loss):
+        f = run_data.nearest_record(run, "outputs", "y", rec.step)
+        if f is None or f.step != rec.step:
+            continue
+        zero = (np.asarray(f.value).reshape(len(x), -1)[order] == 0).all(axis=1)
+        if zero[0]:
+            n = len(zero) if zero.all() else int(np.argmin(zero))  # the leading run of exact zeros
+            out[rec.step] = float(x[order][n - 1])
+    return out
+
+
+def flat_ntk_steps(runs: Sequence[Run], act: str) -> list[int]:
+    """Steps at which `act`'s lowest seed has an NTK(x, x_t) that is exactly 0 at every probe input (the sample
+    being learned has a zero gradient)."""
+    run = _lowest_seed(runs, act)
+    ntk = run.probes.get("ntk", {}) if run is not None else {}
+    if "kernel" not in ntk or np.asarray(ntk["kernel"]).ndim != 2:
+        return []
+    return [int(s) for s, k in zip(ntk["step"], ntk["kernel"]) if not np.asarray(k).any()]
+
+
 def _gradcov_steps(runs: Sequence[Run]) -> list[int]:
     steps = {int(s) for r in runs for s in r.probes.get("gradcov", {}).get("step", ())}
     return sorted(steps)
@@ -94,23 +130,32 @@ def _probe_caption(heading: str, caption: str, src: str, runs: Sequence[Run], se
             steps = _gradcov_steps(runs)
             at = f" (at {', '.join(map(str, steps))} samples seen)" if steps else ""
             return (f"Interference over time{at}: the mean off-diagonal C_ij and the fraction of negative C_ij "
-                    f"among {drawn}; mean ± SE over {seeds}.")
+                    f"among {drawn}; mean ± SE over {seeds}. A sample whose loss gradient is exactly zero (the "
+                    "white rows of the maps above) has C_ij = 0: it counts in the mean, and not as negative. A mean "
+                    "near 0 can also come from large entries of both signs (compare the maps above).")
         text = (f"Gradient covariance C_ij = cos(g_i, g_j) of the per-sample MSE-loss gradients g_i of {drawn}, "
                 "one seed per activation at the middle and end of the stream: red (C_ij > 0), an update on sample "
                 "i also helps sample j; blue (C_ij < 0), it interferes.")
         zeros = {act: n for act, n in zero_gradient_rows(runs).items() if n}
         if zeros:
             which = " and ".join(f"{n} for {method_name(a)}" for a, n in zeros.items())
-            why = (": at small x no hidden ReLU unit is active (the ReLU net starts with zero hidden biases, so at "
-                   "x = 0 every unit sits at its kink), so f(x) is exactly 0 and so is every parameter gradient"
-                   if set(zeros) == {"relu"} else "")
             text += (f" White rows and columns ({which} in these panels) are samples whose loss gradient is exactly "
-                     f"zero{why}. Such a sample has no gradient direction: C_ij is 0 off the diagonal there (1 on "
-                     "it).")
+                     "zero: such a sample has no gradient direction, so C_ij is set to 0 off the diagonal there (1 "
+                     "on it).")
+            edge = zero_output_edge(runs, "relu") if "relu" in zeros else {}
+            if edge:
+                where = ", ".join(f"x <= {x:.2f} after {t} samples" for t, x in edge.items())
+                seed = _lowest_seed(runs, "relu").seed
+                text += (" For ReLU they are the samples at the smallest x, where no hidden unit is active (dead "
+                         "ReLUs at those inputs): the hidden biases start at zero, so at first every unit's kink is "
+                         "at x = 0, and during the stream the units active at the smallest x were switched off there "
+                         "(their kinks moved to x > 0). Below the first kink f(x) is exactly 0 (the net has no output "
+                         f"bias; seed {seed}: for {where}) and so is the gradient of every parameter.")
         return text
     if heading == "NTK" and src.endswith("ntk_current.png"):
         return ("Empirical NTK(x, x_t) of every probe input x against the sample being learned x_t (dashed line), "
-                "normalised to a maximum of 1, at the middle and end of the stream; one seed per activation.")
+                "divided by its largest |value| (so within [-1, 1], as in the paper's Figure 2a), at the middle and "
+                "end of the stream; one seed per activation.")
     if heading == "Sparsity and dormancy":  # "act=relu lr=0.003: sparsity.dormant: ...; layers: activation 1 = 1"
         caption = re.sub(r"^act=(\w+) lr=(\S+): ", lambda m: f"{method_name(m.group(1))} (lr {m.group(2)}), "
                          "the hidden layer: ", caption)
@@ -119,16 +164,19 @@ def _probe_caption(heading: str, caption: str, src: str, runs: Sequence[Run], se
     return caption
 
 
-def _showcase_parts(parts: Sequence[Part], out: Path) -> list[Part]:
+def _showcase_parts(parts: Sequence[Part], out: Path, runs: Sequence[Run], seeds: str) -> list[Part]:
     """The probe report's parts without :data:`DROPPED_SECTIONS` (their figures deleted) and without the
-    :data:`DROPPED_COLUMNS` and the all-empty columns of their tables (RL returns, for a streaming run)."""
+    :data:`DROPPED_COLUMNS` and the all-empty columns of their tables (RL returns, for a streaming run); sections
+    headed as in :data:`HEADINGS`, figures captioned in a reader's words (:func:`_probe_caption`; `seeds`: e.g.
+    "3 seeds")."""
     kept = []
     for part in parts:
         for heading in DROPPED_SECTIONS:
             for _, src in part.sections.get(heading, ()):
                 for suffix in (".png", ".pdf"):
                     (out / src).with_suffix(suffix).unlink(missing_ok=True)
-        sections = {h: figs for h, figs in part.sections.items() if h not in DROPPED_SECTIONS}
+        sections = {HEADINGS.get(h, h): [(_probe_caption(h, caption, src, runs, seeds), src) for caption, src in figs]
+                    for h, figs in part.sections.items() if h not in DROPPED_SECTIONS}
         tables = []
         for table in part.tables:
             keep = [i for i, c in enumerate(table.columns) if c not in DROPPED_COLUMNS
@@ -174,7 +222,7 @@ def run(out: Path, seeds: str, settings: Mapping[str, Any] | None = None) -> Pat
             "method's best in the full sweep); the full table is "
             "`python -m agents.grid agents/grids/stream_table.yml`.")
     build_stream_report(stream_runs, edit_runs, out / "stream", note=note)
-    parts = _showcase_parts(report_parts(stream_runs, out / "probes"), out / "probes")
+    parts = _showcase_parts(report_parts(stream_runs, out / "probes"), out / "probes", stream_runs, over)
     write_index(out / "probes", "Probes of the streaming runs", parts=parts)
 
     table = stream_table(stream_runs)
@@ -196,17 +244,22 @@ def run(out: Path, seeds: str, settings: Mapping[str, Any] | None = None) -> Pat
               + ([["ReLU / Elephant", f"{edits.ratio:.1f}x", ""]] if edits.ratio is not None else [])),
     ]
     steps = f"{probe_at[0]} to {probe_at[-1]}" if probe_at else "a few numbers of"
+    flat = {act: t for act in METHODS if (t := flat_ntk_steps(stream_runs, act))}
+    relu_why = " (no hidden unit is active there; see the gradient covariance below)"
+    flat_ntk = "".join(f". {method_name(act)}'s NTK is 0 everywhere at t = {', '.join(map(str, t))}: its gradient "
+                       "at the sample being learned, x_t, is exactly zero" + (relu_why if act == "relu" else "")
+                       for act, t in flat.items()) + "."
     figures = {
         "Streaming regression (Figure 2a): learned function and normalised NTK(x, x_t)": [
             (f"Elephant (top) and ReLU (bottom) after {steps} samples (t = samples seen; seed 0; the same y-range "
              "in every panel): the true function, the learned function and the NTK against the sample being "
-             "learned, normalised to a maximum of 1", "stream/sine_panels.png"),
+             "learned, divided by its largest |value| (so within [-1, 1], as in the paper)" + flat_ntk,
+             "stream/sine_panels.png"),
             (f"Test MSE after each sample (log scale), {'mean ± SE over ' + over if n_seeds > 1 else over}",
              "stream/test_mse.png")],
         "Local editing (Figure 2b)": [("Before and after the edit at x = 1.5 (seed 0), and the far change of every "
                                        "seed", "stream/edit.png")],
-        **{f"Probes during training: {HEADINGS.get(heading, heading)}":
-           [(_probe_caption(heading, caption, src, stream_runs, over), f"probes/{src}") for caption, src in figs]
+        **{f"Probes during training: {heading}": [(caption, f"probes/{src}") for caption, src in figs]
            for part in parts for heading, figs in part.sections.items()},
     }
     notes = [f"Showcase scale: {over} per method (the paper and the reproduction pages in docs/reproductions use "

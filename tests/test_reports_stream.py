@@ -175,11 +175,15 @@ def test_sine_panels_share_one_y_range_with_readable_labels(stream_runs):
     assert len({ax.get_ylim() for ax in axes}) == 1  # one y-range for every panel
     lo, hi = axes[0].get_ylim()
     assert lo <= -1.6 and hi >= 1.6 and -3 <= lo and hi <= 3
+    # readable on a report page: six panels make a figure shown at (nearly) full size (pages scale wider images
+    # down to the page), with text of at least 11 pt
+    n_cols = len({ax.get_title() for ax in axes})
+    assert fig.get_figwidth() / n_cols * 6 * 100 <= 1400  # pixels at the reports' 100 dpi, six steps (the default)
     for ax in axes:
-        assert ax.title.get_fontsize() >= 10
-        assert all(label.get_fontsize() >= 9 for label in ax.get_xticklabels() + ax.get_yticklabels())
-    assert all(ax.yaxis.label.get_fontsize() >= 10 for ax in fig.axes if ax.get_ylabel())
-    assert all(t.get_fontsize() >= 10 for legend in fig.legends for t in legend.get_texts())
+        assert ax.title.get_fontsize() >= 12
+        assert all(label.get_fontsize() >= 11 for label in ax.get_xticklabels() + ax.get_yticklabels())
+    assert all(ax.yaxis.label.get_fontsize() >= 12 for ax in fig.axes if ax.get_ylabel())
+    assert all(t.get_fontsize() >= 12 for legend in fig.legends for t in legend.get_texts())
 
 
 def test_shared_ylim():
@@ -234,6 +238,7 @@ def test_cli_writes_report(out_root, tmp_path, capsys):
     assert main_table.count("| Elephant | elephant |") == 1 and "standard error" in main_table
     assert "over 3 seeds" in main_table and not re.search(r"\bn seeds", main_table)
     assert "over 3 seeds" in index.read_text() and not re.search(r"\bn seeds", index.read_text())
+    assert "test MSE after each sample (log scale)" in index.read_text()
     assert "| ReLU | relu | 0.001 |" in md and "| ReLU | relu | 0.0003 |" in md  # the sweep
 
 

@@ -10,7 +10,7 @@ import torch
 
 from agents import showcase
 from agents.stream.commands import COMMANDS, _mse, _sampler, sample_steps
-from agents.stream.learner import StreamConfig, build_net
+from agents.stream.learner import StreamConfig, build_net, train_stream
 from interference.gradcov import gradient_covariance
 from probes import read_run
 
@@ -66,6 +66,30 @@ def test_white_rows_are_samples_with_exactly_zero_gradient():
     assert (c != 0).all()
 
 
+def test_white_rows_after_training_are_the_smallest_x_where_no_relu_is_active():
+    """What the showcase's caption says of its trained ReLU net (seed 0, the showcase's settings): the samples with
+    an exactly zero loss gradient are exactly those where no hidden unit is active, f(x) = 0 there, and they are
+    the smallest x of the stream."""
+    cfg = StreamConfig(act="relu", lr=showcase.METHODS["relu"], seeds=(0,), n_test=50)
+    nets = []
+    train_stream(cfg, lambda t, ens, xt, yt, mse: nets.append(ens.module(0)) if t == cfg.n else None)
+    net = nets[0]
+    x = torch.linspace(0.0, 2.0, cfg.n)[:, None]
+    batch = (x, torch.sin(torch.pi * x))
+    gram = gradient_covariance(net, _mse, batch, normalize=False)
+    zero_grad = (gram.diagonal() == 0).numpy()
+    with torch.no_grad():
+        inactive = (net[0](x) <= 0).all(dim=1).numpy()
+        f = net(x)[:, 0].numpy()
+    assert net[-1].bias is None  # no output bias: f = 0 where no unit is active
+    assert zero_grad[0] and (zero_grad == inactive).all() and (f[zero_grad] == 0).all()
+    n = int(zero_grad.sum())
+    assert n >= 2 and zero_grad[:n].all() and not zero_grad[n:].any()  # a leading run of the smallest x
+    c = gradient_covariance(net, _mse, batch)
+    off = c.numpy()[~np.eye(len(c), dtype=bool)].reshape(len(c), -1)
+    assert ((off == 0).all(axis=1) == zero_grad).all()  # the white rows of the map
+
+
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     out = tmp_path_factory.mktemp("showcase")
@@ -84,6 +108,35 @@ def test_showcase_page(page):
     assert text.count("test_mse.png") == 1 and "log scale" in text  # one test-MSE figure, the log-scale one
     assert "without replacement" in text and "once 32 samples have been seen" in text
     assert "1 seed" in text and not re.search(r"\b(n|1) seeds", text)
+
+
+def test_showcase_captions_explain_white_rows_and_flat_ntk(page):
+    out, text = page
+    runs = [read_run(p) for p in sorted((out / "runs" / "stream-sin").rglob("run.h5"))]
+    zeros = showcase.zero_gradient_rows(runs)
+    assert zeros.get("elephant", 0) == 0
+    if zeros.get("relu"):
+        assert f"White rows and columns ({zeros['relu']} for ReLU in these panels)" in text
+        assert "no hidden unit is active" in text
+        edge = showcase.zero_output_edge(runs, "relu")
+        assert all(0 <= x < 1 for x in edge.values())
+        for step, x in edge.items():
+            assert f"x &lt;= {x:.2f} after {step} samples" in text
+    else:
+        assert "White rows" not in text
+    # at t = 1 the ReLU net learns x_1 = 0, where its gradient is exactly zero: its NTK is 0 everywhere
+    assert showcase.flat_ntk_steps(runs, "relu") == [1] and showcase.flat_ntk_steps(runs, "elephant") == []
+    assert "ReLU&#x27;s NTK is 0 everywhere at t = 1" in text or "ReLU's NTK is 0 everywhere at t = 1" in text
+    assert "counts in the mean, and not as negative" in text
+
+
+def test_probe_page_uses_the_showcase_headings_and_captions(page):
+    out, _ = page
+    text = (out / "probes" / "index.html").read_text(encoding="utf-8")
+    headings = re.findall(r"<h3>([^<]+)</h3>", text)
+    assert "Empirical NTK" in headings and "NTK" not in headings
+    assert "mse loss" not in text and "sparsity.dormant" not in text
+    assert "without replacement" in text
 
 
 def test_showcase_pages_hold_no_development_history(page):

@@ -136,15 +136,16 @@ def build_stream_report(stream_runs: Sequence[Run], edit_runs: Sequence[Run], ou
         if fig is not None:
             figures.save(fig, out / "sine_panels.png")
             sections.setdefault("Figure 2a: learned function and NTK", []).append(
-                ("true sin(pi x), learned f(x) and normalised NTK(x, x_t) at probe steps; each method at its "
-                 "selected setting, one seed", "sine_panels.png"))
+                ("true sin(pi x), learned f(x) and NTK(x, x_t) divided by its largest |value| (so within [-1, 1]) "
+                 "at probe steps (t = samples seen); each method at its selected setting, one seed; the same y-range "
+                 "in every panel", "sine_panels.png"))
         groups = _grouped(stream_runs)
         by_method = {_row_label(r): groups[(r.method, r.config_label, r.best_lr)] for r in rows}
         fig = mse_curves(by_method)
         if fig is not None:
             figures.save(fig, out / "test_mse.png")
             sections.setdefault("Test MSE during the stream", []).append(
-                ("test MSE after each sample, each method at its selected setting: mean over seeds, "
+                ("test MSE after each sample (log scale), each method at its selected setting: mean over seeds, "
                  "shaded ± standard error", "test_mse.png"))
     if edits is not None:
         md.append(edit_markdown(edits))

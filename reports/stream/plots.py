@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from probes.runlog import Run
 
@@ -16,9 +17,11 @@ from .. import plots as figures
 from .data import _table_of, edit_records, sine_snapshots
 
 
-_PANEL_W, _PANEL_H = 2.9, 2.5
+#: size of one Figure-2a panel (inches; saved at 100 dpi): six columns make a figure about 1,300 px wide, shown at
+#: (nearly) full size on a report page, so the font sizes below are what a reader sees
+_PANEL_W, _PANEL_H = 2.05, 2.2
 #: font sizes of the Figure-2a panels (points): titles, axis labels, tick labels, legend
-_TITLE, _LABEL, _TICK, _LEGEND = 11, 10, 9, 10
+_TITLE, _LABEL, _TICK, _LEGEND = 12, 12, 11, 12
 #: the y-range of the Figure-2a panels grows with the learned functions up to this bound (beyond: a note in the panel)
 _Y_BOUND = 3.0
 
@@ -72,6 +75,7 @@ def sine_panels(runs_by_label: Mapping[str, Run], steps: Sequence[int] | None = 
                         color="C0", va="bottom", ha="left")
             ax.set_ylim(lo, hi)
             ax.set_xlim(float(s.x[0]), float(s.x[-1]))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # "0.5", "1": short tick labels
             ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
             ax.set_title(f"t = {s.step}", fontsize=_TITLE)
             ax.tick_params(labelsize=_TICK)
@@ -97,7 +101,11 @@ def mse_curves(runs_by_label: Mapping[str, Sequence[Run]]) -> Figure | None:
     fig = figures.mean_curves({"test MSE": curves}, title="Test MSE during the stream", colors=colors)
     ax = fig.axes[0]
     ax.set_yscale("log")
-    ax.set_xlabel("samples seen")
+    ax.set_xlabel("samples seen", fontsize=10)
+    ax.set_ylabel("test MSE (log scale)", fontsize=10)
+    ax.tick_params(labelsize=9)
+    if ax.get_legend() is not None:
+        ax.legend(fontsize=9)
     return fig
 
 
