@@ -1,4 +1,4 @@
-"""The Atari study (issue 17): evaluation and training returns per game, and the paper's gradient-covariance figure.
+"""The Atari study: evaluation and training returns per game, and the paper's gradient-covariance figure.
 
     python -m reports.atari RUNS_DIR [MORE ...] -o OUT/
 

@@ -1,4 +1,4 @@
-"""The MinAtar study (issue 16): DQN and Rainbow with Elephant vs ReLU per game, against a random policy run on the
+"""The MinAtar study: DQN and Rainbow with Elephant vs ReLU per game, against a random policy run on the
 same games, and the paper's sensitivity figure on Elephant's a and d.
 
     python -m reports.minatar RUNS_DIR [MORE ...] -o OUT/

@@ -1,4 +1,4 @@
-"""The population engine (issue 18): many value-based agents trained in lockstep in one process.
+"""The population engine: many value-based agents trained in lockstep in one process.
 
 * :mod:`agents.population.envs`: classic-control tasks stepped as arrays, equal to the Gymnasium envs step for step;
 * :mod:`agents.population.engine`: P paper-DQN members with stacked parameters, per-member learning rates, buffers,

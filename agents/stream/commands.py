@@ -87,7 +87,7 @@ def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
 
 class StreamSin:
     name = "stream-sin"
-    help = "streaming regression on sin(pi x) (the paper's section 5.1), several seeds side by side"
+    help = "streaming regression on sin(pi x) (the paper's section 6.1), several seeds side by side"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         _add_stream_arguments(p)

@@ -1,4 +1,4 @@
-"""Streaming regression on sin(pi x): the paper's section 5.1, with several seeds trained as one ensemble.
+"""Streaming regression on sin(pi x): the paper's section 6.1, with several seeds trained as one ensemble.
 
 The stream holds ``n`` samples with x evenly spaced on [0, 2] (``linspace``, as the authors' loader) and
 y = sin(pi x), presented once in increasing x. For each arriving sample the learner makes ``updates`` Adam steps

@@ -1,4 +1,4 @@
-"""Streaming regression on sin(pi x) (the paper's section 5.1): Table tb:sin, Figure 2a and Figure 2b from run logs.
+"""Streaming regression on sin(pi x) (the paper's section 6.1): Table tb:sin, Figure 2a and Figure 2b from run logs.
 
 Reads the run logs that ``python -m agents.train stream-sin`` and ``... edit`` write (``algo`` ``"stream-sin"``:
 scalar ``test_mse`` after each sample, probes ``outputs``/``ntk``/``inputs`` at a few steps; ``algo`` ``"edit"``:

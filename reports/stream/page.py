@@ -161,7 +161,7 @@ def build_stream_report(stream_runs: Sequence[Run], edit_runs: Sequence[Run], ou
         tables.append(Table("Learning-rate sweep: mean final test MSE ± SE per setting", *_sweep_cells(sweep)))
     tables.insert(0, Table("Notes", ["item", "note"], notes))
     (out / "stream_table.md").write_text("\n".join(md), encoding="utf-8")
-    return write_index(out, "Streaming regression on sin(pi x) (paper section 5.1)", tables, sections)
+    return write_index(out, "Streaming regression on sin(pi x) (paper section 6.1)", tables, sections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
