@@ -47,17 +47,19 @@ def _one(module: nn.Module) -> int:
 class ActivationSpec:
     """An activation and its default conventions.
 
-    name: the (lower-case) name CLIs and configs use.
-    factory: ``factory(**arguments[, num_units=width]) -> nn.Module`` acting on the last dimension.
-    arguments: the arguments users may set, by name (``num_units`` is never one: it follows the layer width).
-    layer_norm: whether a hidden block puts a LayerNorm before the activation by default.
-    sigma_bias: default spread of the hidden biases over ``[-sqrt(3) s, sqrt(3) s]``; ``None``: zero biases.
-    per_unit: whether the factory takes ``num_units`` (one parameter per unit, e.g. Elephant's ``h`` and ``a``).
-    width_rule: ``(module, linear_width) -> output width``; raises ValueError for a width the module cannot take.
-    width_multiple: ``module -> m``: hidden widths must be multiples of ``m`` (width matching steps by it).
-    module_type: the class of the modules the factory builds (probes find activation layers by it; default
-        ``factory`` when it is a class).
-    unit_parameters: per-unit tensors (attributes of the module) the weights probe logs as mean/min/max.
+    Attributes:
+        name: the (lower-case) name CLIs and configs use.
+        factory: ``factory(**arguments[, num_units=width]) -> nn.Module`` acting on the last dimension.
+        arguments: the arguments users may set, by name (``num_units`` is never one: it follows the layer width).
+        layer_norm: whether a hidden block puts a LayerNorm before the activation by default.
+        sigma_bias: default spread of the hidden biases over ``[-sqrt(3) s, sqrt(3) s]``; ``None``: zero biases.
+        per_unit: whether the factory takes ``num_units`` (one parameter per unit, e.g. Elephant's ``h`` and ``a``).
+        width_rule: ``(module, linear_width) -> output width``; raises ValueError for a width the module cannot
+            take.
+        width_multiple: ``module -> m``: hidden widths must be multiples of ``m`` (width matching steps by it).
+        module_type: the class of the modules the factory builds (probes find activation layers by it; default
+            ``factory`` when it is a class).
+        unit_parameters: per-unit tensors (attributes of the module) the weights probe logs as mean/min/max.
     """
 
     name: str

@@ -55,9 +55,12 @@ def gradient_covariance(
     """The ``(k, k)`` matrix ``C_ij = <g_i, g_j> / (|g_i| |g_j|)`` of per-sample loss gradients ``g_i``.
 
     Args:
+        model: any module; samples must not interact (BatchNorm in training mode is refused).
         loss_fn: ``loss_fn(model, batch) -> (k,)`` per-sample losses, e.g. a DQN TD loss on replay samples.
         batch: ``k`` samples (a tensor or a pytree of tensors with leading dimension ``k``).
         normalize: ``False`` returns the raw Gram matrix ``<g_i, g_j>``.
+        params: names (as in ``model.named_parameters()``) of the parameters the gradients are taken over;
+            default: all trainable ones.
         implementation: as in :func:`interference.ntk` (layer-wise by default, ``torch.func`` for the rest).
         zero_tol: gradients with norm ``<= zero_tol`` count as zero.
 

@@ -54,8 +54,12 @@ def ntk(
             covers; ``"func"`` uses ``vmap(jacrev)`` for all (fast, but some modules cannot be vmapped: a clear
             ``RuntimeError``); ``"loop"`` uses the per-sample autograd loop for all (slowest: ``N + M`` forwards and
             ``(N + M) O`` backwards; runs anything autograd runs). :func:`explain` shows the choice per parameter.
-        chunk_size: block size over ``x``/``xt``; ``None`` picks the largest that fits ``max_memory`` bytes
-            (default 80% of free device memory). An estimate above the budget raises ``MemoryError``.
+        chunk_size: block size over ``x``/``xt``; ``None`` picks the largest that fits ``max_memory``.
+        max_memory: bytes the computation may use; ``None``: 80% of the free memory of the parameters' device. An
+            estimate above the budget raises ``MemoryError`` (saying how much it needs) before anything is computed.
+
+    Returns:
+        The kernel, shaped as ``output`` says.
 
     The kernel has the device of the model's parameters and their dtype (promoted over the selected ones: float64 if
     any is). Dropout and BatchNorm in training mode are refused (call ``model.eval()``). Besides the dry runs of

@@ -75,6 +75,7 @@ class LayerRule:
     check_input: Callable[[nn.Module, Tensor], str | None] | None = None
 
     def refuse_input(self, module: nn.Module, inp: Tensor) -> str | None:
+        """Why the rule does not handle ``inp`` (one sample's input of ``module``), or ``None`` if it does."""
         return self.check_input(module, inp) if self.check_input is not None else None
 
 

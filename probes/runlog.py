@@ -92,9 +92,10 @@ class RunLogError(ValueError):
 class Field:
     """One dataset of a probe, holding one value per record.
 
-    shape: per-record shape, ``()`` for a scalar, e.g. ``(32, 32)`` for a matrix; every
-        dimension >= 1.
-    dtype: numpy dtype name of a bool or numeric type; normalised, e.g. ``"f4"`` -> ``"float32"``.
+    Attributes:
+        shape: per-record shape, ``()`` for a scalar, e.g. ``(32, 32)`` for a matrix; every
+            dimension >= 1.
+        dtype: numpy dtype name of a bool or numeric type; normalised, e.g. ``"f4"`` -> ``"float32"``.
     """
 
     shape: tuple[int, ...]
@@ -317,11 +318,13 @@ class RunLog:
 class Run:
     """Content of one run log.
 
-    path: the file.
-    config, seed: as given to `RunLog`.
-    attrs: all root attributes, JSON ones decoded (``provenance``, ``probe_settings``, ...).
-    probes: ``{probe: {"step": int64 (n,), field: (n, *field.shape)}}``.
-    scalars: ``{name: (steps int64 (n,), values float64 (n,))}``.
+    Attributes:
+        path: the file.
+        config: the run's configuration, as given to :class:`RunLog`.
+        seed: the run's seed, as given to :class:`RunLog`.
+        attrs: all root attributes, JSON ones decoded (``provenance``, ``probe_settings``, ...).
+        probes: ``{probe: {"step": int64 (n,), field: (n, *field.shape)}}``.
+        scalars: ``{name: (steps int64 (n,), values float64 (n,))}``.
     """
 
     path: str
