@@ -17,8 +17,10 @@ Both treat each sample alone, which defines the per-sample Jacobian even for mod
 
 from __future__ import annotations
 
+import contextlib
+
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -44,6 +46,27 @@ class _FnModule(nn.Module):
         return self.fn(batch)
 
 
+@contextlib.contextmanager
+def preserved(model: nn.Module) -> Iterator[None]:
+    """Puts every module's own parameter and buffer objects back on exit, whatever happened inside.
+
+    ``functional_call`` swaps tensors into a module by attribute; a module reachable under two names (an aliased
+    submodule) is swapped twice and restored once, and would keep a plain tensor where its ``Parameter`` was, so
+    that it stopped training. Restoring the objects themselves (not their values) keeps their ``.grad``, hooks and
+    ``requires_grad`` too.
+    """
+    saved = [(mod, dict(mod._parameters), dict(mod._buffers)) for mod in model.modules()]
+    try:
+        yield
+    finally:
+        for mod, params, buffers in saved:
+            for store, own in ((mod._parameters, params), (mod._buffers, buffers)):
+                for name, value in own.items():
+                    if store.get(name) is not value or name in mod.__dict__:
+                        mod.__dict__.pop(name, None)
+                        store[name] = value
+
+
 def single_sample_fn(model: nn.Module, fn: Callable[[Batch], Tensor]) -> Callable[[dict[str, Tensor], Batch], Tensor]:
     """``f(params, sample)``: ``fn`` on one sample (no batch dimension) with ``params`` swapped into ``model``.
 
@@ -51,11 +74,20 @@ def single_sample_fn(model: nn.Module, fn: Callable[[Batch], Tensor]) -> Callabl
     """
     wrapper = _FnModule(model, fn)
     fixed = {f"model.{k}": p.detach() for k, p in model.named_parameters()}
+    # a parameter reachable under several names (an aliased submodule, a tied weight) is swapped under every one of
+    # them: functional_call otherwise leaves the other names' modules holding plain tensors after the call
+    aliases: dict[str, list[str]] = {}
+    canonical = {id(p): k for k, p in model.named_parameters()}
+    for k, p in model.named_parameters(remove_duplicate=False):
+        if canonical[id(p)] != k:
+            aliases.setdefault(canonical[id(p)], []).append(k)
 
     def single(params: dict[str, Tensor], sample: Batch) -> Tensor:
         one = pytree.tree_map(lambda t: t.unsqueeze(0), sample)
         swapped = {**fixed, **{f"model.{k}": v for k, v in params.items()}}
-        return torch.func.functional_call(wrapper, swapped, (one,)).squeeze(0)
+        swapped.update({f"model.{a}": swapped[f"model.{k}"] for k, names in aliases.items() for a in names})
+        with preserved(model):
+            return torch.func.functional_call(wrapper, swapped, (one,), tie_weights=False).squeeze(0)
 
     return single
 

@@ -644,6 +644,34 @@ class CalledTwice(nn.Module):
         return self.out(h)
 
 
+class AliasedBackbone(nn.Module):
+    """One submodule under two names (``self.features = self.backbone``), a GroupNorm in it on the exact path:
+    ``functional_call`` would leave the alias holding plain tensors (the layer stops training)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(4, 6), nn.GroupNorm(2, 6), nn.Tanh())
+        self.features = self.backbone
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x))
+
+
+class LinearInTwoSequentials(nn.Module):
+    """One Linear in two Sequentials, each called once (the Linear twice per forward: exact path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(4, 4)
+        self.a = nn.Sequential(shared, nn.Tanh())
+        self.b = nn.Sequential(shared, nn.Sigmoid())
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.a(x) * self.b(x))
+
+
 class ModuleListNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -1418,6 +1446,8 @@ R("view-made-in-init", InitView, vec(4), rule=["l1.bias", "l2"], hidden_use=True
 R("parameter-two-modules", SharedParameter, vec(4), rule=["a.bias", "b.bias", "head"], tags=["tying"])
 R("tied-autoencoder", TiedAutoencoder, vec(4), rule=["enc.bias"], tags=["tying"])
 R("module-called-twice", CalledTwice, vec(4), rule=["inp", "out"], tags=["sharing"])
+R("aliased-submodule", AliasedBackbone, vec(4), rule=["backbone.0", "head"], tags=["sharing"])
+R("linear-in-two-sequentials", LinearInTwoSequentials, vec(4), rule=["head"], tags=["sharing"])
 
 # -- defect 2: parametrizations and weight/spectral norm
 R("old-weight-norm-linear", old_weight_norm_linear, vec(4), rule=["2"], tags=["parametrization"])

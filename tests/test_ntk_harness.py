@@ -96,6 +96,9 @@ def snapshot(model: nn.Module) -> dict:
     return {
         "state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
+        # every name a parameter is reachable under (aliased submodules too): the same object, still a Parameter
+        "objects": {k: (id(p), type(p)) for k, p in model.named_parameters(remove_duplicate=False)},
+        "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "hooks": {k: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks),
                       len(m._backward_pre_hooks)) for k, m in model.named_modules()},
         "training": {k: m.training for k, m in model.named_modules()},
@@ -104,7 +107,11 @@ def snapshot(model: nn.Module) -> dict:
 
 def assert_unchanged(before: dict, model: nn.Module) -> None:
     after = snapshot(model)
+    assert after["objects"] == before["objects"], "parameter objects were replaced (a layer would stop training)"
     assert after["requires_grad"] == before["requires_grad"], "requires_grad flags changed"
+    for k, g in before["grads"].items():
+        now = after["grads"][k]
+        assert (g is None) == (now is None) and (g is None or torch.equal(g, now)), f"{k}.grad changed"
     assert after["hooks"] == before["hooks"], "hooks were left on the model"
     assert after["training"] == before["training"], "train/eval mode changed"
     assert before["state"].keys() == after["state"].keys()
@@ -359,6 +366,7 @@ def test_gradient_covariance(name):
 def test_per_sample_grads(name):
     c = case(name)
     model = P.build_model(c.p)
+    before = snapshot(model)
     kw = {"params": list(c.p.params)} if c.p.params is not None else {}
     ref = P.split_grads(model, c.loss_grads, c.names)
     for impl in ("auto", "func", "loop"):
@@ -374,6 +382,7 @@ def test_per_sample_grads(name):
             assert_close(got[k], ref[k], f"per_sample_grads({impl})[{k}]")
         if impl == "auto":
             check_auto_warnings(c.p, records, f"per_sample_grads({impl})")
+    assert_unchanged(before, model)
 
 
 # ----------------------------------------------------------------------------------------------- beyond the registry
