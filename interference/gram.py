@@ -93,7 +93,7 @@ def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[st
         chosen = {k: p for k, p in named.items() if p.requires_grad}
         if not chosen:
             raise ValueError("model has no trainable parameters (requires_grad=True); pass params=[names] to choose some")
-        return chosen
+        return _real(chosen)
     if isinstance(params, str):
         params = [params]
     names = list(params)
@@ -107,6 +107,16 @@ def select_parameters(model: nn.Module, params: Iterable[str] | None) -> dict[st
     chosen = {}
     for k in names:  # a tied parameter's other name maps to the name named_parameters() gives it
         chosen.setdefault(canonical[id(every[k])], every[k])
+    return _real(chosen)
+
+
+def _real(chosen: dict[str, nn.Parameter]) -> dict[str, nn.Parameter]:
+    """``chosen``, refused if any is complex: a kernel of complex parameters needs conjugation (a Hermitian inner
+    product) that no path computes, and a real kernel of them would be silently wrong."""
+    complex_ = [f"{k} ({p.dtype})" for k, p in chosen.items() if p.is_complex()]
+    if complex_:
+        raise TypeError(f"complex parameters are not supported: {', '.join(complex_)}; select real ones with "
+                        "params=[names], or split each into real and imaginary parameters")
     return chosen
 
 

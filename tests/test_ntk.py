@@ -184,3 +184,29 @@ def test_explain_names_each_refusal():
     assert "head.weight" in str(plan) and "rule:Linear" in str(plan)
     assert rel_err(ntk(model, x), brute_force_ntk(model, x, x)) < 1e-10
     assert {p.path for p in itf.explain(model, x, implementation="loop").paths.values()} == {"loop"}
+
+
+class _ComplexWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 2, dtype=torch.complex64))
+        self.head = nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head((x.to(torch.complex64) @ self.w).real)
+
+
+@pytest.mark.parametrize("call", ["ntk-auto", "ntk-func", "ntk-loop", "per_sample_grads", "gradient_covariance",
+                                  "squared_grad_sum"])
+def test_complex_parameters_are_refused_naming_them(call):
+    """A real kernel of complex parameters (no conjugation) would be silently wrong: every entry refuses them."""
+    model, x = _ComplexWeight(), torch.randn(4, 3)
+    loss = lambda m, b: m(b).sum(1)  # noqa: E731
+    calls = {"ntk-auto": lambda: itf.ntk(model, x), "ntk-func": lambda: itf.ntk(model, x, implementation="func"),
+             "ntk-loop": lambda: itf.ntk(model, x, implementation="loop"),
+             "per_sample_grads": lambda: itf.per_sample_grads(model, loss, x),
+             "gradient_covariance": lambda: itf.gradient_covariance(model, loss, x),
+             "squared_grad_sum": lambda: itf.squared_grad_sum(model, loss, x)}
+    with pytest.raises(TypeError, match=r"^complex parameters are not supported: w \(torch.complex64\)"):
+        calls[call]()
+    assert itf.ntk(model, x, params=["head.weight", "head.bias"]).shape == (4, 4, 1, 1)  # the real ones alone
