@@ -24,10 +24,12 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from .gradcov import LossFn, loss_outputs, per_sample_grads
-from .gram import (Batch, NotPerSample, _capture, _check_block, _check_first_row, _checked, _output_grads,
-                   plan_for, quiet_functorch)
-from .plan import Plan, close
+from .gradcov import LossFn, loss_key, loss_outputs, per_sample_grads
+from .gram import Batch, NotPerSample, _checked, plan_for, quiet_functorch
+from .guard import detached, engine_call
+from .plan import Plan
+from .plan_cache import forget, lookup, plan_key, store
+from .rows import RowCheck, capture, close_flag, output_grads
 from .rules import Factor, rule_for
 
 __all__ = ["squared_grad_sum"]
@@ -52,29 +54,38 @@ def squared_grad_sum(model: nn.Module, loss_fn: LossFn, batch: Batch, *, params:
     if implementation not in _IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
     fn = lambda b: loss_outputs(loss_fn, model, b)  # noqa: E731 - (n, 1): one output, the loss
-    with quiet_functorch():
-        plan = plan_for(fn, model, batch, params=params, implementation="auto" if implementation == "auto" else "loop")
-    out: dict[str, Tensor] = {}
-    exact = list(plan.selected) if implementation == "exact" else list(plan.exact)
-    if implementation == "auto" and plan.modules:
-        frozen = [p for p in plan.selected.values() if not p.requires_grad]
-        try:
-            for p in frozen:  # named in params although frozen: differentiate them for this call
-                p.requires_grad_(True)
+    engine = "auto" if implementation == "auto" else "loop"
+    with engine_call(model):
+        batch = detached(batch)
+        fn_key = loss_key(loss_fn)
+        key = None if fn_key is None else plan_key(model, ("squared",) + fn_key, params, batch, None, engine)
+        plan = lookup(model, key)
+        if plan is None:
             with quiet_functorch():
-                out, refused = _layerwise(fn, batch, plan)
-        except NotPerSample as err:
-            warnings.warn(f"{err}: the model is not a per-sample function of its batch beyond the dry-run samples, so"
-                          " every parameter takes the per-sample gradient path", stacklevel=2)
-            out, exact = {}, list(plan.selected)
-        else:
-            exact += refused
-        finally:
-            for p in frozen:
-                p.requires_grad_(False)
-    if exact:
-        grads = per_sample_grads(model, loss_fn, batch, params=exact)
-        out.update({name: g.pow(2).sum(0) for name, g in grads.items()})
+                plan = plan_for(fn, model, batch, params=params, implementation=engine)
+        out: dict[str, Tensor] = {}
+        exact = list(plan.selected) if implementation == "exact" else list(plan.exact)
+        if implementation == "auto" and plan.modules:
+            frozen = [p for p in plan.selected.values() if not p.requires_grad]
+            try:
+                for p in frozen:  # named in params although frozen: differentiate them for this call
+                    p.requires_grad_(True)
+                with quiet_functorch():
+                    out, refused = _layerwise(fn, batch, plan)
+            except NotPerSample as err:
+                warnings.warn(f"{err}: the model is not a per-sample function of its batch beyond the dry-run samples,"
+                              " so every parameter takes the per-sample gradient path", stacklevel=2)
+                forget(model, key)
+                out, exact, key = {}, list(plan.selected), None
+            else:
+                exact += refused
+            finally:
+                for p in frozen:
+                    p.requires_grad_(False)
+        store(model, key, plan)
+        if exact:
+            grads = per_sample_grads(model, loss_fn, batch, params=exact)
+            out.update({name: g.pow(2).sum(0) for name, g in grads.items()})
     return {name: out[name] for name in plan.selected}
 
 
@@ -110,27 +121,30 @@ def _weighted(factors: list[Factor], w: Tensor) -> Tensor:
 
 
 def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[str]]:
-    """Squared-gradient sums of the parameters on rules, and the names whose rule result failed its sample-0 check
-    (or had the wrong size): they go to the per-sample path."""
-    with torch.enable_grad(), _capture(plan) as records:
+    """Squared-gradient sums of the parameters on rules, and the names whose rule result failed its layout check
+    (or had the wrong size): they go to the per-sample path. :class:`NotPerSample` if the batch fails its every-row
+    check (:mod:`interference.rows`)."""
+    used = list(plan.modules)
+    with torch.enable_grad(), capture(used) as records:
         out = fn(batch)
     n = out.shape[0]
-    if any(len(r) != 1 or r[0][0].shape[0] != n for r in records.values()):
+    if any(len(r) != 1 or r[0].inp.shape[0] != n for r in records.values()):
         raise NotPerSample("layers ran a different number of times or on other shapes in the batch than in the dry"
                            " runs")
-    used = list(records)
-    first = _check_block(fn, batch, out, plan, used, (0, 0))
-    grads = _output_grads(out, [records[m][0][1] for m in used])
-    _check_first_row(first, grads, out, plan.check_tolerance)
-    if any(records[m][0][0]._version != records[m][0][2] for m in used):
+    grads = output_grads(out, [records[m][0].probe for m in used])
+    check = RowCheck(plan.tolerance, plan.check_tolerance, plan.reference)
+    if n > 1:
+        check.block(fn, batch, out, used, records, grads)
+    plan.reference = check.mode
+    if any(records[m][0].inp._version != records[m][0].version for m in used):
         raise NotPerSample("a layer's input was modified in place after the layer ran")
     names = {(id(p), local): name for name, p in plan.selected.items()
              for mod in plan.modules for local in plan.modules[mod] if getattr(mod, local) is p}
     sums: dict[str, Tensor] = {}
-    weighted: dict[str, Tensor | None] = {}  # sum_n w_n g_n by the rule, for the check below
+    weighted: dict[str, Tensor | None] = {}  # sum_n w_n g_n by the rule, for the layout check below
     w = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(out.device) + 0.5
     for mod, g in zip(used, grads):
-        inp = records[mod][0][0]
+        inp = records[mod][0].inp
         for local in sorted(plan.modules[mod]):
             p = getattr(mod, local)
             name = names[(id(p), local)]
@@ -144,18 +158,23 @@ def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[st
                     sums[name] = total.reshape(p.shape).to(p.dtype)
                     weighted[name] = _weighted(factors, w)
     refused = [name for name in plan.selected if name in names.values() and name not in sums]
-    # sample 0 alone through autograd: the rule's flattening must be the parameter's layout
+    # the rule's per-sample layout, all samples at once: sum_n w_n g_n against autograd through every use
     checked = [name for name in sums if weighted[name] is not None]
-    if not checked:
-        return sums, refused
-    with torch.enable_grad():  # the rule's per-sample layout, all samples at once: sum_n w_n g_n against autograd
-        ref = torch.autograd.grad(fn(batch)[:, 0] @ w.to(out.dtype), [plan.selected[k] for k in checked],
+    layout = []
+    if checked:
+        ref = torch.autograd.grad(out[:, 0], [plan.selected[k] for k in checked], w.to(out.dtype),
                                   allow_unused=True)
-    for name, r in zip(checked, ref):
-        r = torch.zeros_like(weighted[name]) if r is None else r.detach().reshape(-1)
-        if not close(weighted[name].to(r.dtype), r, plan.check_tolerance, float(r.abs().max()) if r.numel() else 0.0):
+        for name, r in zip(checked, ref):
+            r = torch.zeros_like(weighted[name]) if r is None else r.detach().reshape(-1)
+            layout.append(close_flag(weighted[name].to(r.dtype), r, plan.check_tolerance))
+    flags = torch.stack(check.flags + layout).tolist() if check.flags or layout else []  # the one host sync
+    if not all(flags[:len(check.flags)]):
+        raise NotPerSample(f"{check.failed()} for some sample of the batch differ from that sample's alone")
+    for name, ok in zip(checked, flags[len(check.flags):]):
+        if not ok:
             warnings.warn(f"the layer-wise gradients of {name} differ from autograd (a rule whose factors do not follow"
-                          " the parameter's layout); it takes the per-sample gradient path", stacklevel=3)
+                          " the parameter's layout, or the parameter is also used elsewhere); it takes the per-sample"
+                          " gradient path", stacklevel=3)
             del sums[name]
             refused.append(name)
     return sums, refused

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Hashable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +28,14 @@ class LossShapeError(ValueError):
 def loss_outputs(loss_fn: LossFn, model: nn.Module, batch: Batch) -> Tensor:
     """The per-sample losses as outputs ``(k, 1)`` for the Gram engine."""
     return _per_sample_losses(loss_fn, model, batch, batch_size(batch)).unsqueeze(1)
+
+
+def loss_key(loss_fn: LossFn) -> Hashable | None:
+    """What identifies ``loss_fn`` for the plan cache: a weak reference to it (``None``: it cannot have one)."""
+    try:
+        return ("loss", weakref.ref(loss_fn))
+    except TypeError:
+        return None
 
 
 def _per_sample_losses(loss_fn: LossFn, model: nn.Module, batch: Batch, k: int) -> Tensor:
@@ -70,7 +79,7 @@ def gradient_covariance(
     k = batch_size(batch)
     try:
         gram = jacobian_gram(lambda b: loss_outputs(loss_fn, model, b), model, batch, params=params, output="trace",
-                             implementation=implementation)
+                             implementation=implementation, fn_key=loss_key(loss_fn))
     except LossShapeError:  # raised on a dry run's sample: name the caller's batch instead
         with torch.no_grad():
             _per_sample_losses(loss_fn, model, batch, k)

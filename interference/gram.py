@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -28,7 +28,10 @@ from torch.utils import _pytree as pytree
 
 from .contract import kernel
 from .exact import describe_error, func_jacobian, loop_jacobian
-from .plan import Plan, close, make_plan
+from .guard import detached, engine_call
+from .plan import Plan, make_plan
+from .plan_cache import forget, lookup, plan_key, store
+from .rows import RowCheck, capture, output_grads
 from .rules import Factor, rule_for
 
 Batch = Any  # a Tensor or a pytree of Tensors with a common leading dimension
@@ -131,6 +134,10 @@ def _promoted(selected: dict[str, nn.Parameter]) -> torch.dtype:
 def check_per_sample_modes(model: nn.Module) -> None:
     """Refuse modules whose training mode makes per-sample Jacobians undefined (BatchNorm) or random (Dropout)."""
     for name, mod in model.named_modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm) and not mod.track_running_stats:
+            raise ValueError(f"{name or 'the model'} ({type(mod).__name__}) has track_running_stats=False, so it"
+                             " normalises with the batch's statistics in eval mode too, which mixes samples: per-sample"
+                             " Jacobians are undefined")
         if not mod.training:
             continue
         if isinstance(mod, nn.modules.batchnorm._BatchNorm):
@@ -155,131 +162,34 @@ class NotPerSample(Exception):
     batch beyond what the dry runs saw (or a layer's input changed in place after the layer ran)."""
 
 
-@contextmanager
-def _capture(plan: Plan) -> Iterator[dict[nn.Module, list]]:
-    """Forward hooks that record each planned module's input (and its version) and replace its output by
-    ``output + e``: ``e`` is a zero tensor whose gradient is the gradient at the module's output, even if later
-    layers modify that output in place."""
-    records: dict[nn.Module, list] = {m: [] for m in plan.modules}
-
-    def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> Tensor:
-        (inp,) = [t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)]  # one tensor: proven by the plan
-        probe = torch.zeros_like(out, requires_grad=True)
-        records[mod].append((inp.detach(), probe, inp._version))
-        return out + probe
-
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in plan.modules]
-    try:
-        yield records
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _output_grads(out: Tensor, probes: list[Tensor]) -> list[Tensor | None]:
-    """Gradients ``(O, n, *shape)`` of each of the ``O`` outputs (summed over samples) at each probe."""
-    n, o = out.shape
-    if not out.requires_grad:
-        return [None] * len(probes)
-    cotangents = torch.eye(o, dtype=out.dtype, device=out.device).unsqueeze(1).expand(o, n, o)
-    if o > 1:
-        try:
-            return list(torch.autograd.grad(out, probes, grad_outputs=cotangents, is_grads_batched=True,
-                                            allow_unused=True, retain_graph=True))  # kept for the fallback
-        except RuntimeError:  # a backward formula vmap cannot batch (e.g. a recurrent layer): one pass per output
-            pass
-    per_output = [torch.autograd.grad(out, probes, grad_outputs=cotangents[i], allow_unused=True, retain_graph=True)
-                  for i in range(o)]
-    return [None if g[0] is None else torch.stack(g) for g in zip(*per_output)]
-
-
-def _check_block(fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, plan: Plan, used: list[nn.Module],
-                 origin: tuple[int, int]) -> list[Tensor | None] | None:
-    """Check a block of ``n`` samples (starting at ``origin`` = (batch 0 or 1, index)) against single samples;
-    raises :class:`NotPerSample`.
-
-    Rows 0, n-1 and one more (a dry-run sample's, else n/2) of the outputs must equal those samples' outputs alone
-    (catches branches on one sample's values and batch-size tests the two-sample dry runs cannot see). Returns the
-    gradients of sample 0's outputs alone (weighted by :func:`_weights`) at the ``used`` modules' outputs, for
-    :func:`_check_first_row`."""
-    n, tol = out.shape[0], plan.check_tolerance
-    scale = float(out.detach().abs().max()) if out.numel() else 0.0  # the block's: outputs after cancellation
-    # (a TD error squared) round differently in a batch of n than alone, relative to themselves
-    if n == 1:
-        return None
-    which, start = origin
-    known = {i - start: o for (w, i), o in plan.known.items() if w == which and start <= i < start + n}
-    rows = {0, n - 1} | set(known)
-    rows |= {n // 2} if len(rows) < 3 else set()
-    first = [plan.first_grads.get(m) for m in used] if origin == (0, 0) and plan.first_grads else None
-    for r in sorted(rows):
-        if r in known and (r != 0 or first is not None):
-            alone = known[r]
-        elif r == 0:
-            with torch.enable_grad(), _capture(plan) as records:
-                alone = fn(_slice(batch, 0, 1))
-            if any(len(records[m]) != 1 for m in used):
-                raise NotPerSample("a layer ran a different number of times for sample 0 alone than in its block")
-            if alone.requires_grad:
-                cot = _weights(alone).unsqueeze(0)
-                first = list(torch.autograd.grad(alone, [records[m][0][1] for m in used], cot, allow_unused=True))
-        else:
-            with torch.no_grad():
-                alone = fn(_slice(batch, r, r + 1))
-        if not close(out[r:r + 1], alone, tol, scale):
-            raise NotPerSample(f"the model's output for sample {r} of a block of {n} differs from its output for that"
-                               " sample alone")
-    return first
-
-
-def _weights(out: Tensor) -> Tensor:
-    return torch.linspace(1.0, 2.0, out.shape[1], dtype=out.dtype, device=out.device)
-
-
-def _check_first_row(first: list[Tensor | None] | None, grads: list[Tensor | None], out: Tensor, tol: float) -> None:
-    """Sample 0's gradient alone at each layer's output (``first``) must equal row 0 of the block's gradients summed
-    over outputs with the same weights (no mixing after a layer, no backward hook that is not linear)."""
-    if first is None:
-        return
-    w = _weights(out)
-    for g1, g in zip(first, grads):
-        if g1 is None and g is None:
-            continue
-        if g1 is None or g is None:
-            raise NotPerSample("a layer influences sample 0's outputs in its block but not alone, or the reverse")
-        summed = torch.tensordot(w.to(g.dtype), g, dims=1)  # (n, ...): the block's gradient for these weights
-        if not close(summed[0], g1[0], tol, float(summed.abs().max())):
-            raise NotPerSample("the gradient of sample 0's outputs at a layer differs in its block from alone (samples"
-                               " mixed after the layer, or a backward hook that is not linear)")
-
-
 def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,
-                       origin: tuple[int, int]) -> tuple[list[Factor], Tensor]:
-    """Per-layer factors for one block of samples (starting at ``origin``: batch 0 or 1, index), and the outputs
-    ``(n, O)``."""
-    with torch.enable_grad(), _capture(plan) as records:
+                       check: RowCheck) -> tuple[list[Factor], Tensor]:
+    """Per-layer factors for one block of samples and the outputs ``(n, O)``; the block's every-row checks go to
+    ``check``."""
+    mods = list(plan.modules)
+    with torch.enable_grad(), capture(mods) as records:
         out = fn(batch)
     n = out.shape[0]
-    bad = [type(m).__name__ for m, r in records.items() if len(r) != 1 or r[0][0].shape[0] != n]
+    bad = [type(m).__name__ for m, r in records.items() if len(r) != 1 or r[0].inp.shape[0] != n]
     if bad:  # the dry runs saw each of them once, on rows that are the samples: control flow depends on the data
         raise NotPerSample(f"modules {bad} ran a different number of times or on other shapes in a block than in the"
                            " dry runs")
-    used = [(m, r[0]) for m, r in records.items()]
-    if not used:
+    if not mods:
         return [], out.detach()
-    probes = [probe for _, (_, probe, _) in used]
-    first = _check_block(fn, batch, out, plan, [m for m, _ in used], origin)
-    grads = _output_grads(out, probes)
-    _check_first_row(first, grads, out, plan.check_tolerance)
-    changed = [type(m).__name__ for m, (inp, _, version) in used if inp._version != version]
+    grads = output_grads(out, [records[m][0].probe for m in mods])
+    if n > 1:
+        check.block(fn, batch, out, mods, records, grads)
+    own = {m: [getattr(m, local) for local in sorted(use)] for m, use in plan.modules.items()}
+    check.own_use(out, mods, records, grads, own)
+    changed = [type(m).__name__ for m in mods if records[m][0].inp._version != records[m][0].version]
     if changed:
         raise NotPerSample(f"the inputs of {changed} were modified in place after those layers ran")
     factors = []
-    for (mod, (inp, _, _)), g in zip(used, grads):
+    for mod, g in zip(mods, grads):
         if g is None:  # module ran but does not influence the output
             continue
         with torch.no_grad():  # g: (O, n, *out_shape)
-            factors += _checked(mod, rule_for(mod).fn(mod, inp, g, plan.modules[mod]), g.shape[0], n)
+            factors += _checked(mod, rule_for(mod).fn(mod, records[mod][0].inp, g, plan.modules[mod]), g.shape[0], n)
     return factors, out.detach()
 
 
@@ -318,12 +228,10 @@ def _warn_fallback(plan: Plan) -> None:
                   stacklevel=4)
 
 
-def _block_kernel(fn, model, plan: Plan, b1: Batch, b2: Batch | None, output: str,
-                  origins: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (1, 0))) -> Tensor:
-    """The kernel between two blocks of samples (``b2=None``: the block with itself), in the output layout;
-    ``origins``: where each block starts (batch 0 or 1, index)."""
-    f1, out1 = _layerwise_factors(fn, b1, plan, origins[0])
-    f2, out2 = (f1, out1) if b2 is None else _layerwise_factors(fn, b2, plan, origins[1])
+def _block_kernel(fn, model, plan: Plan, b1: Batch, b2: Batch | None, output: str, check: RowCheck) -> Tensor:
+    """The kernel between two blocks of samples (``b2=None``: the block with itself), in the output layout."""
+    f1, out1 = _layerwise_factors(fn, b1, plan, check)
+    f2, out2 = (f1, out1) if b2 is None else _layerwise_factors(fn, b2, plan, check)
     if plan.exact:
         f1 = f1 + [_exact_factor(fn, model, plan, b1)]
         f2 = f1 if b2 is None else f2 + [_exact_factor(fn, model, plan, b2)]
@@ -378,12 +286,7 @@ def plan_for(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, batc
              params: Iterable[str] | None = None, implementation: Implementation = "auto", rules: bool = True) -> Plan:
     """Validate the inputs and decide every selected parameter's path (see :mod:`interference.plan`);
     ``rules=False`` puts every parameter on the exact path."""
-    if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
-    batch_size(batch, "x")
-    if batch2 is not None:
-        batch_size(batch2, "xt")
-        check_compatible(batch, batch2)
+    _check_batches(batch, batch2, implementation)
     selected = select_parameters(model, params)
     check_per_sample_modes(model)
     with quiet_functorch():
@@ -407,6 +310,7 @@ def jacobian_gram(
     implementation: Implementation = "auto",
     chunk_size: int | None = None,
     max_memory: int | None = None,
+    fn_key: Hashable | None = ("outputs",),
 ) -> Tensor:
     """Gram matrix of per-sample Jacobians of ``fn`` (see the module docstring).
 
@@ -420,39 +324,90 @@ def jacobian_gram(
             ``"func"`` (``vmap(jacrev)`` for everything) or ``"loop"`` (per-sample autograd for everything).
         chunk_size: samples per block; ``None`` picks the largest block that fits ``max_memory``.
         max_memory: bytes the computation may use; default 80% of what the device has free.
+        fn_key: what identifies ``fn`` across calls for the plan cache (:mod:`interference.plan_cache`);
+            ``None``: no caching.
     """
     if output not in _OUTPUTS:
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
     _check_limits(chunk_size, max_memory)
-    plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
-    try:
-        return _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
-    except NotPerSample as err:
-        if implementation == "layerwise":
-            raise RuntimeError(f"implementation='layerwise': {err}; use 'auto'") from err
-        warnings.warn(f"{err}: the model is not a per-sample function of its batch beyond the dry-run samples, so"
-                      " every parameter takes the exact per-sample path", stacklevel=2)
-    plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, rules=False)
-    return _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+    _check_batches(batch, batch2, implementation)
+    with engine_call(model):
+        batch, batch2 = detached(batch), detached(batch2)
+        key = None if fn_key is None else plan_key(model, fn_key, params, batch, batch2, implementation)
+        plan = lookup(model, key)
+        reused = plan is not None
+        if plan is None:
+            plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
+        try:
+            result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+        except NotPerSample as err:
+            if not reused:
+                failure = err
+            else:  # the plan was made on another batch: make it on this one
+                forget(model, key)
+                plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
+                try:
+                    result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+                    failure = None
+                except NotPerSample as again:
+                    failure = again
+            if failure is not None:
+                if implementation == "layerwise":
+                    raise RuntimeError(f"implementation='layerwise': {failure}; use 'auto'") from failure
+                warnings.warn(f"{failure}: the model is not a per-sample function of its batch beyond the dry-run"
+                              " samples, so every parameter takes the exact per-sample path", stacklevel=2)
+                plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, rules=False)
+                result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+        store(model, key, plan)
+    return result
+
+
+def _check_batches(batch: Batch, batch2: Batch | None, implementation: str) -> None:
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
+    batch_size(batch, "x")
+    if batch2 is not None:
+        batch_size(batch2, "xt")
+        check_compatible(batch, batch2)
 
 
 def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | None, output: str,
              chunk_size: int | None, max_memory: float | None) -> Tensor:
-    """The kernel by ``plan``, in blocks that fit the memory budget."""
+    """The kernel by ``plan``, in blocks that fit the memory budget; :class:`NotPerSample` if a block fails its
+    every-row check."""
     implementation = plan.implementation
     if plan.fallback and implementation == "func":
         raise RuntimeError(f"implementation='func': {plan.fallback}; use implementation='loop' (per-sample autograd)"
                            " or 'auto'")
     if plan.fallback:
         _warn_fallback(plan)
+    frozen = [p for p in plan.selected.values() if not p.requires_grad]
+    for p in frozen:  # named in params although frozen: differentiated for this call
+        p.requires_grad_(True)
+    try:
+        check = RowCheck(plan.tolerance, plan.check_tolerance, plan.reference)
+        with quiet_functorch():
+            result = _kernel(fn, model, plan, batch, batch2, output, chunk_size, max_memory, check)
+        plan.reference = check.mode
+        failed = check.failed()
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+    if failed:
+        raise NotPerSample(f"{failed} for some sample in a block of the batch differ from that sample's alone")
+    return result
+
+
+def _kernel(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | None, output: str,
+            chunk_size: int | None, max_memory: float | None, check: RowCheck) -> Tensor:
+    """The kernel in blocks of samples that fit the memory budget."""
     n = batch_size(batch, "x")
     m = n if batch2 is None else batch_size(batch2, "xt")
     o = plan.outputs
     per_pair = {"full": o * o, "diagonal": o, "trace": 1}[output]
     probe = next(iter(plan.selected.values()))
     if plan.identical_samples:  # every sample is the same: one sample's kernel, repeated (exact)
-        with quiet_functorch():
-            k = _block_kernel(fn, model, plan, _slice(batch, 0, 1), None, output)
+        k = _block_kernel(fn, model, plan, _slice(batch, 0, 1), None, output, check)
         return k.expand(n, m, *k.shape[2:]).contiguous()
 
     out_elems = n * m * per_pair
@@ -476,15 +431,14 @@ def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | Non
             " smaller chunk_size, or raise max_memory"
         )
 
-    with quiet_functorch():
-        return _blocks(fn, model, plan, batch, batch2, output, chunk, n, m, o, probe)
+    return _blocks(fn, model, plan, batch, batch2, output, chunk, n, m, o, probe, check)
 
 
 def _blocks(fn, model, plan: Plan, batch: Batch, batch2: Batch | None, output: str, chunk: int, n: int, m: int,
-            o: int, probe: Tensor) -> Tensor:
+            o: int, probe: Tensor, check: RowCheck) -> Tensor:
     """The kernel over blocks of ``chunk`` samples."""
     if chunk >= max(n, m):
-        return _block_kernel(fn, model, plan, batch, batch2, output, ((0, 0), (0 if batch2 is None else 1, 0)))
+        return _block_kernel(fn, model, plan, batch, batch2, output, check)
     other = batch if batch2 is None else batch2
     shape = (n, m) + {"full": (o, o), "diagonal": (o,), "trace": ()}[output]
     result = torch.empty(shape, dtype=plan.dtype, device=probe.device)
@@ -494,5 +448,5 @@ def _blocks(fn, model, plan: Plan, batch: Batch, batch2: Batch | None, output: s
             b2 = _slice(other, j, j + chunk)
             same = batch2 is None and i == j
             result[i:i + chunk, j:j + chunk] = _block_kernel(fn, model, plan, b1, None if same else b2, output,
-                                                             ((0, i), (0 if batch2 is None else 1, j)))
+                                                             check)
     return result

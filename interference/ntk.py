@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from .gradcov import loss_outputs
 from .gram import Batch, Implementation, Output, batch_size, jacobian_gram, plan_for
+from .guard import detached, engine_call
 from .plan import Plan
 
 __all__ = ["ntk", "explain", "model_outputs"]
@@ -23,6 +24,9 @@ def model_outputs(model: nn.Module, batch: Batch) -> Tensor:
         raise ValueError(f"the model output must have the batch size {n} as its first dimension, got shape {tuple(out.shape)}")
     if not out.is_floating_point():
         raise TypeError(f"the model output must be a floating-point tensor to differentiate, got {out.dtype}")
+    if out[:1].numel() == 0:
+        raise ValueError(f"the model output has 0 outputs per sample (shape {tuple(out.shape)}): there is nothing to"
+                         " differentiate")
     return out.reshape(n, -1)
 
 
@@ -86,7 +90,6 @@ def explain(
     two samples. The computation also checks each block it computes and, if one fails (a model that treats larger
     batches differently), puts every parameter on the exact path with a warning: ``explain`` cannot foresee that.
     """
-    if loss_fn is None:
-        return plan_for(lambda b: model_outputs(model, b), model, x, xt, params=params, implementation=implementation)
-    return plan_for(lambda b: loss_outputs(loss_fn, model, b), model, x, xt, params=params,
-                    implementation=implementation)
+    fn = (lambda b: model_outputs(model, b)) if loss_fn is None else (lambda b: loss_outputs(loss_fn, model, b))
+    with engine_call(model):
+        return plan_for(fn, model, detached(x), detached(xt), params=params, implementation=implementation)

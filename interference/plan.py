@@ -38,6 +38,7 @@ single-sample runs) and falls back to the exact path when a block disagrees.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,10 +50,11 @@ from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
 from .exact import exact_path_check
+from .guard import BufferWatch, raise_random, refuse_random, rng_states
 from .rules import LayerRule, registered_rules, rule_for
 
 __all__ = ["ParamPath", "Plan", "make_plan", "close", "distinct_sample", "hidden_uses", "tolerance", "unseen_parameters",
-           "unseen_message"]
+           "unseen_message", "raise_reentrant"]
 
 Batch = Any
 
@@ -85,9 +87,9 @@ class Plan:
     tolerance: float = 0.0  # relative tolerance of value comparisons (sqrt(eps) of the least precise dtype)
     check_tolerance: float = 0.0  # the same for model outputs and block checks: min(16 tolerance, 0.05)
     selected: dict[str, nn.Parameter] = field(default_factory=dict)
-    known: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # (batch 0/1, index) -> that sample's outputs
-    first_grads: dict[nn.Module, Tensor | None] = field(default_factory=dict)  # s0's weighted gradients per layer
     dtype: torch.dtype = torch.float32  # the kernel's: the selected parameters'
+    reference: str = "vmap"  # how the every-row check runs samples alone: "vmap", or "loop" once vmap failed
+    cacheable: bool = True  # made on two distinct samples (identical samples prove no rows): may serve later calls
 
     def __str__(self) -> str:
         rows = [(p.name, f"rule:{p.rule}" if p.path == "rule" else p.path, p.reason) for p in self.paths.values()]
@@ -314,12 +316,38 @@ def hidden_uses(first: Tensor, second: Tensor) -> set[int]:
 def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str, nn.Parameter], batch: Batch,
               batch2: Batch | None, implementation: str, rules: bool = True) -> Plan:
     """Decide and justify the path of every selected parameter (see the module docstring); ``rules=False`` puts
-    every parameter on the exact path (the engine's answer to a block that failed its checks)."""
+    every parameter on the exact path (the engine's answer to a block that failed its checks).
+
+    Refuses (ValueError) a forward that changes the model's buffers or draws random numbers, after putting the
+    buffers back; a forward checkpointed with ``use_reentrant=True`` (RuntimeError)."""
+    watch, rng = BufferWatch(model), rng_states()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            plan = _decide(fn, model, selected, batch, batch2, implementation, rules)
+        except BaseException:
+            watch.refuse_if_changed()  # a stateful forward often fails in vmap or in the comparisons first
+            watch.restore()
+            raise
+        finally:
+            if any("None of the inputs have requires_grad=True" in str(w.message) for w in caught):
+                watch.restore()
+                raise_reentrant()  # checkpoint(use_reentrant=True) on inputs without grad: no gradients at all
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    watch.refuse_if_changed()
+    refuse_random(rng)
+    return plan
+
+
+def _decide(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str, nn.Parameter], batch: Batch,
+            batch2: Batch | None, implementation: str, rules: bool) -> Plan:
     plan = Plan(implementation=implementation)
     one = pytree.tree_map(lambda t: t[:1], batch)
     found = distinct_sample(batch, batch2)
     other = None if found is None else found[0]
     plan.identical_samples = other is None
+    plan.cacheable = other is not None
     tol = tolerance(model, batch)
     out_tol = min(16 * tol, 0.05)  # model outputs: a loss after cancellation rounds differently in a pair
     exact_reason = {"func": "implementation='func'", "loop": "implementation='loop'"}.get(implementation)
@@ -388,15 +416,10 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
             out_ab, calls_ab = _run(fn, _cat(one, other), mods, grad=True, probes=probes)
         else:
             out_ab, _ = _run(fn, one, [], grad=True)
-            if not close(out_ab, out_a, out_tol):
-                _raise_random()
+        if not close(out_ab if other is None else _run(fn, one, [], grad=False)[0], out_a, out_tol):
+            raise_random()  # the same sample twice, another output (a generator of the model's own)
         hidden = hidden_uses(out_a, out_ab)
-        plan.known[(0, 0)] = out_a.detach()
-        used = [m for m in claims if len(probes_a.get(m, ())) == 1]  # s0 alone: gradients at each layer on a rule
-        if out_a.requires_grad and used:
-            cot = torch.linspace(1.0, 2.0, out_a.shape[1], dtype=out_a.dtype, device=out_a.device).unsqueeze(0)
-            grads = torch.autograd.grad(out_a, [probes_a[m][0] for m in used], cot, allow_unused=True)
-            plan.first_grads = dict(zip(used, grads))
+        _refuse_reentrant_checkpoint(out_a)
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -414,12 +437,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
         with torch.no_grad():
             out_b, calls_b = _run(fn, other, mods, grad=False)
             out_ba, calls_ba = _run(fn, _cat(other, one), mods, grad=False)
-        plan.known[found[1:]] = out_b
         outputs_ok = _rows_ok(out_ab, out_a, out_b, out_tol) and _rows_ok(out_ba, out_b, out_a, out_tol)
-        if not outputs_ok:
-            with torch.no_grad():
-                if not close(fn(one), out_a, out_tol):
-                    _raise_random()
         for mod in mods:
             if not outputs_ok:
                 refuse(mod, "the model's outputs for two samples together differ from each sample's alone")
@@ -476,10 +494,15 @@ def unseen_parameters(fn: Callable[[Batch], Tensor], selected: dict[str, nn.Para
     return [k for k, p in selected.items() if id(p) in hidden]
 
 
-def _raise_random() -> None:
-    raise ValueError("the model gives different outputs for the same input on two calls (random ops such as dropout in"
-                     " training mode, or state that changes per call), so per-sample Jacobians are not defined;"
-                     " call model.eval() or make the forward deterministic")
+def _refuse_reentrant_checkpoint(out: Tensor) -> None:
+    if out.grad_fn is not None and any(type(n).__name__ == "CheckpointFunctionBackward" for n in _nodes(out.grad_fn)):
+        raise_reentrant()
+
+
+def raise_reentrant() -> None:
+    raise RuntimeError("the model's forward uses torch.utils.checkpoint with use_reentrant=True, which supports only"
+                       " loss.backward() (no gradients of single outputs, and none at all for inputs that do not"
+                       " require grad); pass use_reentrant=False, which every implementation supports")
 
 
 def _check_gradient_rows(out: Tensor, probes: dict[nn.Module, Tensor], refuse: Callable[[nn.Module, str], None],
