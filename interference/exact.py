@@ -124,13 +124,19 @@ def loop_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, names: list[s
                 for o in range(out.numel()):
                     grads = torch.autograd.grad(out[o], params, retain_graph=o + 1 < out.numel(), allow_unused=True) \
                         if out.requires_grad else [None] * len(params)
-                    per_output.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                                                 for g, p in zip(grads, params)]))
+                    per_output.append(torch.cat([_dense(g, p).reshape(-1) for g, p in zip(grads, params)]))
             rows.append(torch.stack(per_output).detach())  # (O, P)
     finally:
         for p in frozen:
             p.requires_grad_(False)
     return torch.stack(rows, dim=1)  # (O, n, P)
+
+
+def _dense(grad: Tensor | None, param: Tensor) -> Tensor:
+    """A parameter's gradient as a dense tensor (zeros if unused; ``Embedding(sparse=True)`` gives sparse ones)."""
+    if grad is None:
+        return torch.zeros_like(param)
+    return grad.to_dense() if grad.layout != torch.strided else grad
 
 
 def failing_module(model: nn.Module, tb: TracebackType | None) -> str:
@@ -149,6 +155,7 @@ def describe_error(model: nn.Module) -> str:
     """``"<module>: <first line of the current exception>"`` inside an ``except`` block."""
     err = sys.exc_info()[1]
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    first = first if len(first) <= 160 else first[:160].rsplit(" ", 1)[0] + " ..."
     return f"{failing_module(model, sys.exc_info()[2])}: {type(err).__name__}: {first}"
 
 

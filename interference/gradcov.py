@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .exact import describe_error, loop_jacobian, single_sample_fn
-from .plan import close, tolerance, unseen_message, unseen_parameters
+from .guard import detached, engine_call
+from .plan import check_pure, close, tolerance, unseen_message, unseen_parameters
 from .gram import (Batch, Implementation, batch_size, check_per_sample_modes, jacobian_gram, quiet_functorch,
                    select_parameters)
 
@@ -109,20 +110,28 @@ def per_sample_grads(
     k = batch_size(batch)
     selected = select_parameters(model, params)
     check_per_sample_modes(model)
-    with torch.no_grad():
-        _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
-    fn = lambda b: loss_outputs(loss_fn, model, b)  # noqa: E731
+    with engine_call(model):
+        batch = detached(batch)
+        with torch.no_grad():
+            _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
+        fn = lambda b: loss_outputs(loss_fn, model, b)  # noqa: E731
+        check_pure(fn, model, pytree.tree_map(lambda t: t[:1], batch))
+        return _per_sample_grads(model, loss_fn, fn, batch, selected, implementation, k)
+
+
+def _per_sample_grads(model: nn.Module, loss_fn: LossFn, fn: Callable[[Batch], Tensor], batch: Batch,
+                      selected: dict[str, nn.Parameter], implementation: str, k: int) -> dict[str, Tensor]:
     unseen = unseen_parameters(fn, selected, pytree.tree_map(lambda t: t[:1], batch))
     if unseen and implementation == "func":
         raise RuntimeError(f"implementation='func': {unseen_message(unseen)}; use implementation='loop' or 'auto'")
     if unseen:
-        warnings.warn(f"{unseen_message(unseen)}; per_sample_grads uses one backward per sample instead", stacklevel=2)
+        warnings.warn(f"{unseen_message(unseen)}; per_sample_grads uses one backward per sample instead", stacklevel=3)
     if implementation != "loop" and not unseen:
-        detached = {name: p.detach() for name, p in selected.items()}
+        values = {name: p.detach() for name, p in selected.items()}
         single = single_sample_fn(model, lambda b: loss_fn(model, b))
         try:
             with quiet_functorch():
-                grads = torch.func.vmap(torch.func.grad(single), in_dims=(None, 0))(detached, batch)
+                grads = torch.func.vmap(torch.func.grad(single), in_dims=(None, 0))(values, batch)
         except Exception as err:  # noqa: BLE001 - vmap cannot run some modules
             why, cause = f"torch.func.vmap cannot run {describe_error(model)}", err
         else:  # checked against autograd on the first two samples (functional_call misses some uses; vmap bugs)
@@ -136,7 +145,7 @@ def per_sample_grads(
         if implementation == "func":
             raise RuntimeError(f"implementation='func': {why}; use implementation='loop' (per-sample autograd) or"
                                " 'auto'") from cause
-        warnings.warn(f"{why}; per_sample_grads uses one backward per sample instead", stacklevel=2)
+        warnings.warn(f"{why}; per_sample_grads uses one backward per sample instead", stacklevel=3)
     jac = loop_jacobian(fn, model, list(selected), batch)[0]  # (k, P)
     out, start = {}, 0
     for name, p in selected.items():

@@ -54,7 +54,7 @@ from .guard import BufferWatch, raise_random, refuse_random, rng_states
 from .rules import LayerRule, registered_rules, rule_for
 
 __all__ = ["ParamPath", "Plan", "make_plan", "close", "distinct_sample", "hidden_uses", "tolerance", "unseen_parameters",
-           "unseen_message", "raise_reentrant"]
+           "unseen_message", "raise_reentrant", "check_pure"]
 
 Batch = Any
 
@@ -70,7 +70,7 @@ class ParamPath:
     reason: str
 
 
-@dataclass
+@dataclass(eq=False)
 class Plan:
     """Per-parameter paths (``paths``) and what the engine runs: ``modules`` (module -> local names on its rule),
     ``exact`` (full names on the exact path, computed by ``exact_impl``)."""
@@ -473,6 +473,23 @@ def _decide(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str,
             reason = why.get(name, "not reached by a rule") + (f"; {plan.fallback}" if plan.fallback else "")
             plan.paths[name] = ParamPath(name, plan.exact_impl, None, reason)
     return plan
+
+
+def check_pure(fn: Callable[[Batch], Tensor], model: nn.Module, one: Batch) -> None:
+    """Refuse (ValueError) a forward that changes the model's buffers (put back first) or draws random numbers, from
+    two runs of ``fn`` on the one-sample batch ``one``."""
+    watch, rng = BufferWatch(model), rng_states()
+    try:
+        with torch.no_grad():
+            first, second = fn(one), fn(one)
+    except BaseException:
+        watch.refuse_if_changed()
+        watch.restore()
+        raise
+    watch.refuse_if_changed()
+    refuse_random(rng)
+    if not close(first, second, min(16 * tolerance(model, one), 0.05)):
+        raise_random()
 
 
 def unseen_message(names: list[str]) -> str:
