@@ -25,11 +25,11 @@ import torch
 from torch import Tensor, nn
 
 from .gradcov import LossFn, loss_key, loss_outputs, per_sample_grads
-from .gram import Batch, NotPerSample, _checked, plan_for, quiet_functorch
+from .gram import Batch, NotPerSample, _checked, check_uses, plan_for, quiet_functorch
 from .guard import detached, engine_call
 from .plan import Plan
 from .plan_cache import forget, lookup, plan_key, store
-from .rows import RowCheck, capture, close_flag, output_grads
+from .rows import RowCheck, capture, output_grads, rows_flag
 from .rules import Factor, rule_for
 
 __all__ = ["squared_grad_sum"]
@@ -132,6 +132,7 @@ def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[st
         raise NotPerSample("layers ran a different number of times or on other shapes in the batch than in the dry"
                            " runs")
     grads = output_grads(out, [records[m][0].probe for m in used])
+    check_uses(plan, out)
     check = RowCheck(plan.tolerance, plan.check_tolerance, plan.reference)
     if n > 1:
         check.block(fn, batch, out, used, records, grads)
@@ -166,7 +167,7 @@ def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[st
                                   allow_unused=True)
         for name, r in zip(checked, ref):
             r = torch.zeros_like(weighted[name]) if r is None else r.detach().reshape(-1)
-            layout.append(close_flag(weighted[name].to(r.dtype), r, plan.check_tolerance))
+            layout.append(rows_flag(weighted[name].to(r.dtype)[None], r[None], plan.check_tolerance))
     flags = torch.stack(check.flags + layout).tolist() if check.flags or layout else []  # the one host sync
     if not all(flags[:len(check.flags)]):
         raise NotPerSample(f"{check.failed()} for some sample of the batch differ from that sample's alone")

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .exact import describe_error, loop_jacobian, single_sample_fn
-from .guard import detached, engine_call
+from .guard import BufferWatch, detached, engine_call
 from .plan import check_pure, close, tolerance, unseen_message, unseen_parameters
 from .gram import (Batch, Implementation, batch_size, check_per_sample_modes, jacobian_gram, quiet_functorch,
                    select_parameters)
@@ -112,8 +112,12 @@ def per_sample_grads(
     check_per_sample_modes(model)
     with engine_call(model):
         batch = detached(batch)
-        with torch.no_grad():
-            _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
+        watch = BufferWatch(model)
+        try:
+            with torch.no_grad():
+                _per_sample_losses(loss_fn, model, batch, k)  # validate the loss shape once, with a clear error
+        finally:
+            watch.restore()  # a stateful forward is refused below, on runs of its own
         fn = lambda b: loss_outputs(loss_fn, model, b)  # noqa: E731
         check_pure(fn, model, pytree.tree_map(lambda t: t[:1], batch))
         return _per_sample_grads(model, loss_fn, fn, batch, selected, implementation, k)

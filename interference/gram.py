@@ -29,9 +29,9 @@ from torch.utils import _pytree as pytree
 from .contract import kernel
 from .exact import describe_error, func_jacobian, loop_jacobian
 from .guard import detached, engine_call
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, use_counts
 from .plan_cache import forget, lookup, plan_key, store
-from .rows import RowCheck, capture, output_grads
+from .rows import NotPerSample, RowCheck, capture, output_grads
 from .rules import Factor, rule_for
 
 Batch = Any  # a Tensor or a pytree of Tensors with a common leading dimension
@@ -157,9 +157,15 @@ def quiet_functorch() -> Iterator[None]:
         yield
 
 
-class NotPerSample(Exception):
-    """A block's outputs or gradients disagree with single-sample runs: the model is not a per-sample function of its
-    batch beyond what the dry runs saw (or a layer's input changed in place after the layer ran)."""
+def check_uses(plan: Plan, out: Tensor) -> None:
+    """Raise :class:`NotPerSample` if a planned parameter is consumed in the graph of ``out`` another number of times
+    than in the plan's dry run (a use that Python control flow on the data adds or removes)."""
+    if not plan.uses:
+        return
+    now = use_counts(out.grad_fn, set(plan.uses))
+    if now != plan.uses:
+        raise NotPerSample("a rule parameter is used another number of times in the block's graph than in the dry"
+                           " runs' (control flow on the data)")
 
 
 def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,
@@ -179,8 +185,7 @@ def _layerwise_factors(fn: Callable[[Batch], Tensor], batch: Batch, plan: Plan,
     grads = output_grads(out, [records[m][0].probe for m in mods])
     if n > 1:
         check.block(fn, batch, out, mods, records, grads)
-    own = {m: [getattr(m, local) for local in sorted(use)] for m, use in plan.modules.items()}
-    check.own_use(out, mods, records, grads, own)
+    check_uses(plan, out)
     changed = [type(m).__name__ for m in mods if records[m][0].inp._version != records[m][0].version]
     if changed:
         raise NotPerSample(f"the inputs of {changed} were modified in place after those layers ran")
@@ -335,11 +340,11 @@ def jacobian_gram(
         batch, batch2 = detached(batch), detached(batch2)
         key = None if fn_key is None else plan_key(model, fn_key, params, batch, batch2, implementation)
         plan = lookup(model, key)
-        reused = plan is not None
+        reused, warned = plan is not None, set()
         if plan is None:
             plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
         try:
-            result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+            result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
         except NotPerSample as err:
             if not reused:
                 failure = err
@@ -347,7 +352,7 @@ def jacobian_gram(
                 forget(model, key)
                 plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
                 try:
-                    result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+                    result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
                     failure = None
                 except NotPerSample as again:
                     failure = again
@@ -357,7 +362,7 @@ def jacobian_gram(
                 warnings.warn(f"{failure}: the model is not a per-sample function of its batch beyond the dry-run"
                               " samples, so every parameter takes the exact per-sample path", stacklevel=2)
                 plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, rules=False)
-                result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory)
+                result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
         store(model, key, plan)
     return result
 
@@ -372,14 +377,15 @@ def _check_batches(batch: Batch, batch2: Batch | None, implementation: str) -> N
 
 
 def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | None, output: str,
-             chunk_size: int | None, max_memory: float | None) -> Tensor:
+             chunk_size: int | None, max_memory: float | None, warned: set[str]) -> Tensor:
     """The kernel by ``plan``, in blocks that fit the memory budget; :class:`NotPerSample` if a block fails its
-    every-row check."""
+    every-row check. ``warned``: the fallback warnings given in this call already (each is given once)."""
     implementation = plan.implementation
     if plan.fallback and implementation == "func":
         raise RuntimeError(f"implementation='func': {plan.fallback}; use implementation='loop' (per-sample autograd)"
                            " or 'auto'")
-    if plan.fallback:
+    if plan.fallback and plan.fallback not in warned:
+        warned.add(plan.fallback)
         _warn_fallback(plan)
     frozen = [p for p in plan.selected.values() if not p.requires_grad]
     for p in frozen:  # named in params although frozen: differentiated for this call

@@ -54,7 +54,7 @@ from .guard import BufferWatch, raise_random, refuse_random, rng_states
 from .rules import LayerRule, registered_rules, rule_for
 
 __all__ = ["ParamPath", "Plan", "make_plan", "close", "distinct_sample", "hidden_uses", "tolerance", "unseen_parameters",
-           "unseen_message", "raise_reentrant", "check_pure"]
+           "unseen_message", "raise_reentrant", "check_pure", "use_counts"]
 
 Batch = Any
 
@@ -90,6 +90,7 @@ class Plan:
     dtype: torch.dtype = torch.float32  # the kernel's: the selected parameters'
     reference: str = "vmap"  # how the every-row check runs samples alone: "vmap", or "loop" once vmap failed
     cacheable: bool = True  # made on two distinct samples (identical samples prove no rows): may serve later calls
+    uses: dict[int, int] = field(default_factory=dict)  # id of each parameter on a rule -> its uses in the graph
 
     def __str__(self) -> str:
         rows = [(p.name, f"rule:{p.rule}" if p.path == "rule" else p.path, p.reason) for p in self.paths.values()]
@@ -301,6 +302,19 @@ def _nodes(root: Any) -> set[Any]:
     return seen
 
 
+def use_counts(root: Any, ids: set[int]) -> dict[int, int]:
+    """How many graph nodes under ``root`` consume each leaf tensor whose id is in ``ids``."""
+    counts = dict.fromkeys(ids, 0)
+    if root is None:
+        return counts
+    for node in _nodes(root):
+        for nxt, _ in node.next_functions:
+            var = getattr(nxt, "variable", None)
+            if var is not None and id(var) in counts:
+                counts[id(var)] += 1
+    return counts
+
+
 def hidden_uses(first: Tensor, second: Tensor) -> set[int]:
     """ids of the leaves reached through graph nodes common to two forwards' outputs ``first`` and ``second``:
     tensors made from parameters outside ``forward`` (a view taken in ``__init__``), which ``functional_call`` and
@@ -454,6 +468,7 @@ def _decide(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str,
 
     plan.tolerance, plan.check_tolerance = tol, out_tol
     plan.modules = {m: frozenset(u) for m, u in claims.items()}
+    plan.uses = use_counts(out_a.grad_fn, {id(getattr(m, local)) for m, u in claims.items() for local in u})
     plan.io = {m: calls_a[m][0].inp.numel() + calls_a[m][0].out.numel() for m in claims}
     rule_of = {full_name[(id(m), local)]: type(m).__name__ for m, u in claims.items() for local in u}
     plan.exact_impl = "loop" if implementation == "loop" else "func"

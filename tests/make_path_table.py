@@ -53,7 +53,12 @@ def row(name: str) -> str:
     kw = {"params": list(p.params)} if p.params is not None else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = interference.explain(model, x, xt, **kw)
+        try:
+            plan = interference.explain(model, x, xt, **kw)
+        except ValueError as err:
+            if p.refuses is None:
+                raise
+            return f"| `{name}` | — | refused: {_short(str(err))} |"
     rules: dict[str, list[str]] = {}
     exact: dict[tuple[str, str], list[str]] = {}
     for k, v in plan.paths.items():

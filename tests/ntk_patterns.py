@@ -10,6 +10,11 @@ weights, parametrizations, views made in ``__init__``, hooks). :func:`functional
 Jacobian with ``torch.autograd.functional.jacobian`` of one flat parameter vector swapped in by
 ``torch.func.functional_call``; the harness checks the two agree wherever the functional view can see every use of
 the parameters (``Pattern.hidden_use`` is False).
+
+Two kinds of pattern have no kernel to compare: those the engine must refuse (``Pattern.refuses``: forwards that draw
+random numbers or change the model's buffers), whose reference is never computed; and those whose parameters carry
+tensor hooks (``Pattern.reference_build``: the kernel is of the function, so the reference is the same model built
+without the hooks, under the same seed).
 """
 
 from __future__ import annotations
@@ -57,8 +62,8 @@ def batch_len(batch: Batch) -> int:
 
 
 def take(batch: Batch, i: int) -> Batch:
-    """Sample ``i`` alone, as a batch of one."""
-    return tree_map(lambda t: t[i:i + 1], batch)
+    """Sample ``i`` alone, as a batch of one (a copy: a forward that writes its input in place leaves ``batch``)."""
+    return tree_map(lambda t: t[i:i + 1].clone(), batch)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -122,6 +127,10 @@ class Pattern:
     that it falls back to the exact path, and ``layerwise`` may refuse with a RuntimeError suggesting ``auto``.
     ``zero_kernel``: the output does not depend on the parameters through autograd (detached, or made under
     ``no_grad``): the reference kernel is zero, and the harness checks it is (instead of that it is not).
+    ``refuses``: a regex the ValueError of every entry point (every implementation) must match; the model must be
+    left as it was (buffers included), and no reference is computed.
+    ``reference_build``: the same model without its parameters' tensor hooks (built under the same seed, so the
+    parameters are equal): the reference is computed on it, since the kernel is of the model's function.
     """
 
     name: str
@@ -136,6 +145,8 @@ class Pattern:
     loss_rule: Any = None
     fallback_warns: bool = False
     zero_kernel: bool = False
+    refuses: str | None = None
+    reference_build: Callable[[], nn.Module] | None = None
     n: int = 3
     m: int = 2
     tags: tuple[str, ...] = ()
@@ -172,13 +183,15 @@ def _float64() -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def build_model(p: Pattern | str, seed: int = 0) -> nn.Module:
-    """The pattern's model: built under a seed derived from its name, float64, eval mode."""
+def build_model(p: Pattern | str, seed: int = 0, reference: bool = False) -> nn.Module:
+    """The pattern's model: built under a seed derived from its name, float64, eval mode; ``reference``: the model
+    the reference is computed on (``Pattern.reference_build`` under the same seed, if the pattern has one)."""
     p = PATTERNS[p] if isinstance(p, str) else p
+    build = p.reference_build if reference and p.reference_build is not None else p.build
     with torch.random.fork_rng(devices=[]), _float64(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecations of the old-style weight_norm / spectral_norm
         torch.manual_seed(zlib.crc32(p.name.encode()) + 7919 * seed)
-        model = p.build()
+        model = build()
     model.eval()
     return model
 
@@ -229,8 +242,8 @@ def _flat_grad(value: Tensor, params: list[Tensor]) -> Tensor:
     if not value.requires_grad:  # a detached output, or one made under no_grad: no parameter reaches it
         return torch.cat([torch.zeros(q.numel(), dtype=q.dtype) for q in params])
     grads = torch.autograd.grad(value, params, retain_graph=True, allow_unused=True)
-    return torch.cat([torch.zeros(q.numel(), dtype=q.dtype) if g is None else g.reshape(-1)
-                      for g, q in zip(grads, params)])
+    return torch.cat([torch.zeros(q.numel(), dtype=q.dtype) if g is None else
+                      (g.to_dense() if g.is_sparse else g).reshape(-1) for g, q in zip(grads, params)])
 
 
 def reference_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, names: list[str]) -> Tensor:
@@ -263,15 +276,30 @@ def functional_jacobian(fn: Callable[[Batch], Tensor], model: nn.Module, batch: 
 
     wrapper = Wrapper()
     rows = []
-    for i in range(batch_len(batch)):
-        sample = take(batch, i)
+    with _dense_embeddings(model):
+        for i in range(batch_len(batch)):
+            sample = take(batch, i)
 
-        def f(theta: Tensor) -> Tensor:
-            swapped = {f"model.{k}": t.reshape(s) for k, t, s in zip(names, theta.split(sizes), shapes)}
-            return torch.func.functional_call(wrapper, swapped, (sample,)).reshape(-1)
+            def f(theta: Tensor) -> Tensor:
+                swapped = {f"model.{k}": t.reshape(s) for k, t, s in zip(names, theta.split(sizes), shapes)}
+                return torch.func.functional_call(wrapper, swapped, (sample,)).reshape(-1)
 
-        rows.append(torch.autograd.functional.jacobian(f, theta0, vectorize=False))
+            rows.append(torch.autograd.functional.jacobian(f, theta0, vectorize=False))
     return torch.stack(rows).detach()
+
+
+@contextlib.contextmanager
+def _dense_embeddings(model: nn.Module) -> Iterator[None]:
+    """``nn.Embedding(sparse=True)`` as dense for the functional Jacobian (the same function; ``autograd.functional``
+    cannot reshape a sparse gradient)."""
+    sparse = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse]
+    for m in sparse:
+        m.sparse = False
+    try:
+        yield
+    finally:
+        for m in sparse:
+            m.sparse = True
 
 
 def model_fn(model: nn.Module) -> Callable[[Batch], Tensor]:
@@ -1336,6 +1364,426 @@ class PartlyDetached(nn.Module):
         return torch.stack([y[:, 0], y[:, 1].detach()], 1)
 
 
+# -- batch coupling only a batch of several samples shows (n = 8)
+def signed_means(sign: float, odd: tuple[int, ...]) -> Callable[[int, int], Tensor]:
+    """``(n, 4)``: each sample's mean has the sign ``sign`` except the samples in ``odd``; sample 1 lies farthest
+    from sample 0 (the pair the dry runs compare), with its sign, so the batch's mean has ``sign`` too."""
+    def make(n: int, seed: int) -> Tensor:
+        x = 0.2 * torch.randn(n, 4, generator=_gen(seed), dtype=torch.float64)
+        off = [3.0 if i == 1 else -0.5 if i in odd else 1.0 for i in range(n)]
+        return x + sign * torch.tensor(off, dtype=torch.float64)[:, None]
+    return make
+
+
+def signed_first(negative: tuple[int, ...]) -> Callable[[int, int], Tensor]:
+    """``(n, 4)``: the first feature positive except for the samples in ``negative``; sample 1 lies farthest from
+    sample 0."""
+    def make(n: int, seed: int) -> Tensor:
+        x = torch.randn(n, 4, generator=_gen(seed), dtype=torch.float64)
+        sign = torch.tensor([-1.0 if i in negative else 1.0 for i in range(n)], dtype=torch.float64)
+        x[:, 0] = sign * (0.3 + x[:, 0].abs())
+        if n > 1:
+            x[1] = x[1] + 4.0 * torch.where(x[1] < 0, -1.0, 1.0)  # every feature's magnitude above 4
+        return x
+    return make
+
+
+class MeanBranch(nn.Module):
+    """``a`` if the batch's mean is positive, else ``b``: one branch for the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x) if bool(x.mean() > 0) else self.b(x)
+        return self.head(torch.tanh(h))
+
+
+class SortedDispatch(nn.Module):
+    """MoE-style dispatch: the rows sorted by a key (``x[:, 0]``, or the expert ``x[:, 0] > 0`` with a stable sort),
+    one shared Linear on the sorted rows, then put back in the batch's order: values per sample, the Linear's input
+    rows are not the samples."""
+
+    def __init__(self, by_expert: bool) -> None:
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.gain = nn.Parameter(torch.tensor([0.7, 1.3]))
+        self.head = nn.Linear(4, 2)
+        self.by_expert = by_expert
+
+    def forward(self, x: Tensor) -> Tensor:
+        expert = (x[:, 0] > 0).long()
+        order = torch.argsort(expert, stable=True) if self.by_expert else torch.argsort(x[:, 0])
+        inverse = torch.argsort(order)
+        h = torch.tanh(self.shared(x[order]))[inverse]
+        return self.head(h * self.gain[expert][:, None])
+
+
+class TopOneExperts(nn.Module):
+    """Each sample goes to expert ``a`` (``x[:, 0] > 0``) or ``b``: the experts run on gathered subsets of rows and
+    their outputs are scattered back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        pick = x[:, 0] > 0
+        h = x.new_zeros(x.shape[0], 3)
+        h[pick] = self.a(x[pick])
+        h[~pick] = self.b(x[~pick])
+        return self.head(torch.tanh(h))
+
+
+class PermuteIfBig(nn.Module):
+    """``inner`` runs on the batch's rows permuted (``roll`` or ``flip``) and permuted back, only in batches of at
+    least ``at`` samples: the values stay per sample, the rows ``inner`` sees are not."""
+
+    def __init__(self, inner: nn.Module, at: int, how: str, front: nn.Module | None = None,
+                 head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.front = front if front is not None else nn.Identity()
+        self.inner = inner
+        self.head = head if head is not None else nn.Linear(4, 2)
+        self.at, self.how = at, how
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.front(x)
+        if h.shape[0] >= self.at:
+            h = h.roll(1, 0) if self.how == "roll" else h.flip(0)
+            h = self.inner(h)
+            h = h.roll(-1, 0) if self.how == "roll" else h.flip(0)
+        else:
+            h = self.inner(h)
+        return self.head(torch.tanh(h).flatten(1))
+
+
+def roll_linear() -> nn.Module:
+    return PermuteIfBig(nn.Linear(4, 4), 3, "roll")
+
+
+def flip_conv() -> nn.Module:
+    return PermuteIfBig(nn.Conv2d(1, 2, 3), 5, "flip", head=nn.Linear(2 * 2 * 2, 2))
+
+
+def roll_elephant() -> nn.Module:
+    return PermuteIfBig(Elephant(d=4, a=0.8, num_units=4), 3, "roll", front=nn.Linear(4, 4))
+
+
+class RowFiveBranch(nn.Module):
+    """``a`` for the whole batch if it has a sample 5 whose first feature is positive, else ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x) if x.shape[0] > 5 and bool(x[5, 0] > 0) else self.b(x)
+        return self.head(torch.tanh(h))
+
+
+class AddRowFive(nn.Module):
+    """In batches of more than 5 samples every row gets half of row 5's hidden layer; alone, a sample gets half of
+    its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 4)
+        self.l2 = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.l1(x))
+        h = h + 0.5 * (h[5:6] if h.shape[0] > 5 else h)
+        return self.l2(h)
+
+
+class BatchSizeAtLeast(nn.Module):
+    """In batches of at least 6 samples: the output doubled (``scale``), the hidden layer centered (``center``),
+    or the input standardised over the batch (``standardize``)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 5)
+        self.l2 = nn.Linear(5, 2)
+        self.what = what
+
+    def forward(self, x: Tensor) -> Tensor:
+        big = x.shape[0] >= 6
+        if big and self.what == "standardize":
+            x = (x - x.mean(0)) / (x.std(0) + 1e-3)
+        h = torch.tanh(self.l1(x))
+        if big and self.what == "center":
+            h = h - h.mean(0)
+        out = self.l2(h)
+        return 2.0 * out if big and self.what == "scale" else out
+
+
+def row5_positive(n: int, seed: int) -> Tensor:
+    """``(n, 4)``: sample 5's first feature positive, every other sample's negative."""
+    x = torch.randn(n, 4, generator=_gen(seed), dtype=torch.float64)
+    sign = torch.tensor([1.0 if i == 5 else -1.0 for i in range(n)], dtype=torch.float64)
+    x[:, 0] = sign * (0.3 + x[:, 0].abs())
+    return x
+
+
+# -- random forwards without a Dropout module, and forwards that change the model's state
+class GaussianSample(nn.Module):
+    """A reparameterised Gaussian sample ``mu + randn_like(mu) * std`` (a stochastic policy's action)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 5)
+        self.mu = nn.Linear(5, 2)
+        self.log_std = nn.Parameter(torch.full((2,), -0.5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        mu = self.mu(torch.tanh(self.body(x)))
+        return mu + torch.randn_like(mu) * self.log_std.exp()
+
+
+class RandomForward(nn.Module):
+    """``Lin`` with randomness in the hidden layer: ``F.dropout(training=True)`` (``dropout``), uniform noise from
+    ``torch.rand`` (``rand``), one random feature mask for the batch (``mask``), or Gaussian noise from a generator
+    stored on the module (``generator``: the global generators do not move)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 5)
+        self.l2 = nn.Linear(5, 2)
+        self.how = how
+        self.gen = torch.Generator().manual_seed(3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.l1(x))
+        if self.how == "dropout":
+            h = F.dropout(h, 0.5, training=True)
+        elif self.how == "rand":
+            h = h * (1.0 + 0.1 * torch.rand(h.shape, dtype=h.dtype))
+        elif self.how == "mask":
+            h = h * (torch.rand(h.shape[-1], dtype=h.dtype) > 0.5)
+        elif self.how == "generator":
+            h = h + 0.1 * torch.randn(h.shape, generator=self.gen, dtype=h.dtype)
+        return self.l2(h)
+
+
+class StepCounter(nn.Module):
+    """Counts its forwards in a buffer ``steps`` (``+= 1`` in place, or ``reassign``: ``self.steps = self.steps +
+    1``); ``in_output``: the output is scaled by the count."""
+
+    def __init__(self, in_output: bool = False, reassign: bool = False) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 5)
+        self.l2 = nn.Linear(5, 2)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.in_output, self.reassign = in_output, reassign
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.reassign:
+            self.steps = self.steps + 1
+        else:
+            self.steps += 1
+        out = self.l2(torch.tanh(self.l1(x)))
+        return out * (1.0 + 0.01 * self.steps) if self.in_output else out
+
+
+class RunningMeanStd(nn.Module):
+    """An observation normaliser: ``mean``, ``var`` and ``count`` buffers updated in place from every batch it sees
+    (under no_grad), then the batch normalised by them."""
+
+    def __init__(self, f: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.linspace(-0.2, 0.2, f))
+        self.register_buffer("var", torch.linspace(0.8, 1.2, f))
+        self.register_buffer("count", torch.tensor(10.0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            n = x.shape[0]
+            delta = x.mean(0) - self.mean
+            total = self.count + n
+            m2 = self.var * self.count + x.var(0, unbiased=False) * n + delta ** 2 * self.count * n / total
+            self.mean += delta * n / total
+            self.var.copy_(m2 / total)
+            self.count += n
+        return (x - self.mean) / torch.sqrt(self.var + 1e-8)
+
+
+class RunningPeak(nn.Module):
+    """Divides the hidden layer by the largest magnitude seen so far (a ``peak`` buffer raised in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 5)
+        self.l2 = nn.Linear(5, 2)
+        self.register_buffer("peak", torch.tensor(0.5))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.l1(x)
+        with torch.no_grad():
+            self.peak.copy_(torch.maximum(self.peak, h.abs().max()))
+        return self.l2(torch.tanh(h / self.peak))
+
+
+def normalised_mlp() -> nn.Module:
+    return nn.Sequential(RunningMeanStd(4), nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2))
+
+
+# -- tensor hooks on parameters (they change what an optimizer receives, not the model's function)
+def with_param_hooks(build: Callable[[], nn.Module], add: Callable[[nn.Module], Any]) -> Callable[[], nn.Module]:
+    """``build``'s model with ``add(model)`` registering tensor hooks on its parameters (no random numbers drawn,
+    so ``build`` under the same seed is the same model without them)."""
+    def hooked() -> nn.Module:
+        model = build()
+        add(model)
+        return model
+    return hooked
+
+
+def _double(g: Tensor) -> Tensor:
+    return 2.0 * g
+
+
+def _hook_conv() -> nn.Module:
+    return conv_pattern(lambda: nn.Conv2d(1, 2, 3), (1, 4, 4))()
+
+
+def _hook_elephant_mlp() -> nn.Module:
+    return mlp(3, [5], 2, "elephant", {"a": 0.6})
+
+
+def _two_hooks(model: nn.Module) -> None:
+    model.l1.weight.register_hook(_double)
+    model.l1.weight.register_hook(lambda g: g + 0.5)
+
+
+# -- cases that used to give unclear errors or misleading warnings
+class SparseEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 3, sparse=True)
+        self.l1 = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, tok: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.l1(self.emb(tok).mean(1))))
+
+
+class Checkpointed(nn.Module):
+    """A block under ``torch.utils.checkpoint.checkpoint`` (``use_reentrant`` as given): on the hidden layer, or
+    (``on_input``) on the input itself."""
+
+    def __init__(self, use_reentrant: bool, on_input: bool = False) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 4)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+        self.head = nn.Linear(4, 2)
+        self.use_reentrant, self.on_input = use_reentrant, on_input
+
+    def forward(self, x: Tensor) -> Tensor:
+        from torch.utils.checkpoint import checkpoint
+        if self.on_input:
+            h = torch.tanh(self.inp(checkpoint(self.block, x, use_reentrant=self.use_reentrant)))
+        else:
+            h = checkpoint(self.block, torch.tanh(self.inp(x)), use_reentrant=self.use_reentrant)
+        return self.head(torch.tanh(h))
+
+
+class InplaceReluInput(nn.Module):
+    """``nn.ReLU(inplace=True)`` on the input itself, first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relu = nn.ReLU(inplace=True)
+        self.l1 = nn.Linear(4, 5)
+        self.l2 = nn.Linear(5, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l2(torch.tanh(self.l1(self.relu(x))))
+
+
+class EncoderNet(nn.Module):
+    """``nn.TransformerEncoder`` (batch_first, eval, ``enable_nested_tensor`` left at its default); ``padded``:
+    the batch is ``(x, key_padding_mask)`` and the pooling runs over every position (padded ones too)."""
+
+    def __init__(self, padded: bool = False) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(4, 2, dim_feedforward=6, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2)
+        self.head = nn.Linear(4, 2)
+        self.padded = padded
+
+    def forward(self, batch: Batch) -> Tensor:
+        if self.padded:
+            x, mask = batch
+            h = self.enc(x, src_key_padding_mask=mask)
+        else:
+            h = self.enc(batch)
+        return self.head(h.mean(1))
+
+
+def padded_sequences(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``(x (n, 4, 4), mask (n, 4))``: sample ``i`` has its last ``i % 3`` positions padded."""
+    x = torch.randn(n, 4, 4, generator=_gen(seed), dtype=torch.float64)
+    mask = torch.tensor([[t >= 4 - i % 3 for t in range(4)] for i in range(n)])
+    return x, mask
+
+
+# -- aliased modules
+class AliasedConvBackbone(nn.Module):
+    """``self.features = self.backbone`` with a Conv2d in it, called under the alias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU())
+        self.features = self.backbone
+        self.head = nn.Linear(2 * 2 * 2, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class AliasedNorm(nn.Module):
+    """A GroupNorm under two names; ``both``: called once under each (twice per forward), else under the alias."""
+
+    def __init__(self, both: bool) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 4)
+        self.norm = nn.GroupNorm(2, 4)
+        self.norm_alias = self.norm
+        self.l2 = nn.Linear(4, 2)
+        self.both = both
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm_alias(self.l1(x))
+        if self.both:
+            h = self.norm(torch.tanh(h))
+        return self.l2(torch.tanh(h))
+
+
+class AliasedElephant(nn.Module):
+    """An Elephant under two names (``self.act2 = self.act1``), called once under the alias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(4, 5)
+        self.act1 = Elephant(d=4, a=0.8, num_units=5)
+        self.act2 = self.act1
+        self.l2 = nn.Linear(5, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.l2(self.act2(self.l1(x)))
+
+
 # =============================================================================================== registry
 R = register
 
@@ -1555,3 +2003,133 @@ R("nograd-forward", NoGradForward, vec(3), rule=[], maybe_rule=["l"], loss=None,
   tags=["output"], note="the whole forward runs under no_grad: the kernel is zero")
 R("partly-detached-output", PartlyDetached, vec(3), tags=["output"],
   note="output 1 is detached: its rows of the kernel are zero")
+
+# -- batch coupling only a batch of several samples shows (n = 8; "dry-run-blind": samples 0 and 1 together,
+# in either order, are each sample alone)
+R("mean-branch-positive-batch", MeanBranch, signed_means(1.0, (3, 5)), rule=[], maybe_rule=["a", "b", "head"],
+  vmap_fails=True, fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing", "vmap"],
+  note="a(x) if the batch's mean is positive, else b(x): the batch's mean is positive, samples 3 and 5 alone are"
+       " negative (they take b); samples 0 and 1 take a alone and together")
+R("mean-branch-negative-batch", MeanBranch, signed_means(-1.0, (2, 6)), rule=[], maybe_rule=["a", "b", "head"],
+  vmap_fails=True, fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing", "vmap"],
+  note="the same with the signs swapped: the batch's mean is negative, samples 2 and 6 alone are positive (xt's"
+       " sample 2 too)")
+R("moe-sorted-dispatch", lambda: SortedDispatch(by_expert=False), vec(4), rule=[],
+  maybe_rule=["shared", "gain", "head"], vmap_fails=False, fallback_warns=True, n=8, tags=["batch-coupling", "mixing"],
+  note="one Linear on the rows sorted by x[:, 0], put back in order after: per-sample values, but the Linear's input"
+       " rows are not the samples")
+R("moe-grouped-by-expert", lambda: SortedDispatch(by_expert=True), signed_first((3, 6)), rule=[],
+  maybe_rule=["shared", "gain", "head"], vmap_fails=False, fallback_warns=True, n=8,
+  tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="rows grouped by expert (x[:, 0] > 0, stable sort) for one shared Linear: samples 0 and 1 share an expert"
+       " (the pair keeps its order), samples 3 and 6 move to the front in the batch of 8")
+R("moe-top1-experts", TopOneExperts, signed_first((3, 6)), rule=[], maybe_rule=["a", "b", "head"], vmap_fails=True,
+  fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing", "vmap"],
+  note="each sample to expert a or b by the sign of x[:, 0]: the experts run on gathered rows, scattered back")
+R("roll-linear-if-n-ge-3", roll_linear, vec(4), rule=[], maybe_rule=["inner", "head"], vmap_fails=False,
+  fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="a Linear on the batch rolled by one row and rolled back, only in batches of 3 or more: per-sample values,"
+       " the Linear's rows are other samples'")
+R("flip-conv-if-n-ge-5", flip_conv, shaped(1, 4, 4), rule=[], maybe_rule=["inner", "head"], vmap_fails=False,
+  fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing", "conv"],
+  note="a Conv2d on the batch flipped and flipped back, only in batches of 5 or more")
+R("roll-elephant-if-n-ge-3", roll_elephant, vec(4), rule=[], maybe_rule=["front", "inner", "head"],
+  vmap_fails=False, fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing", "elephant"],
+  note="an Elephant on the batch rolled by one row and rolled back, only in batches of 3 or more")
+R("branch-on-row-5", RowFiveBranch, row5_positive, rule=[], maybe_rule=["a", "b", "head"], vmap_fails=False,
+  fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="a(x) for the whole batch if sample 5's first feature is positive (only sample 5's is), else b(x): every"
+       " sample alone takes b")
+R("add-row-5-if-n-gt-5", AddRowFive, vec(4), rule=[], maybe_rule=["l1", "l2"], vmap_fails=False,
+  fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="in batches of more than 5 every row gets half of row 5's hidden layer (alone: half of its own)")
+R("scale-if-n-ge-6", lambda: BatchSizeAtLeast("scale"), vec(4), rule=[], maybe_rule=["l1", "l2"], vmap_fails=False,
+  fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="the output doubled in batches of 6 or more: values differ per row, the rows do not mix")
+R("center-if-n-ge-6", lambda: BatchSizeAtLeast("center"), vec(4), rule=[], maybe_rule=["l1", "l2"],
+  vmap_fails=False, fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="the hidden layer centered over the batch in batches of 6 or more")
+R("standardize-if-n-ge-6", lambda: BatchSizeAtLeast("standardize"), vec(4), rule=[], maybe_rule=["l1", "l2"],
+  vmap_fails=False, fallback_warns=True, n=8, tags=["batch-coupling", "dry-run-blind", "mixing"],
+  note="the input standardised over the batch in batches of 6 or more")
+
+# -- random forwards without a Dropout module, and forwards that change the model's buffers: refused everywhere
+R("reparam-gaussian-sample", GaussianSample, vec(4), refuses=r"random", tags=["random"],
+  note="mu + randn_like(mu) * std in forward")
+R("functional-dropout-training", lambda: RandomForward("dropout"), vec(4), refuses=r"random", tags=["random"],
+  note="F.dropout(h, 0.5, training=True) in an eval-mode model")
+R("torch-rand-noise", lambda: RandomForward("rand"), vec(4), refuses=r"random", tags=["random"],
+  note="multiplicative noise from torch.rand")
+R("random-feature-mask", lambda: RandomForward("mask"), vec(4), refuses=r"random", tags=["random"],
+  note="one random feature mask for the whole batch")
+R("own-generator-noise", lambda: RandomForward("generator"), vec(4), refuses=r"random", tags=["random"],
+  note="noise from a torch.Generator stored on the module: the global generators do not move")
+R("step-counter", StepCounter, vec(4), refuses=r"changes.*\bsteps\b", tags=["stateful"],
+  note="self.steps += 1 in forward; the output does not use it")
+R("step-counter-in-output", lambda: StepCounter(in_output=True), vec(4), refuses=r"changes.*\bsteps\b",
+  tags=["stateful"], note="self.steps += 1 in forward, the output scaled by it")
+R("step-counter-reassigned", lambda: StepCounter(reassign=True), vec(4), refuses=r"changes.*\bsteps\b",
+  tags=["stateful"], note="self.steps = self.steps + 1: the buffer is replaced, not written in place")
+R("running-mean-std", normalised_mlp, vec(4), refuses=r"changes.*\b0\.mean\b", tags=["stateful"],
+  note="an observation normaliser updating its mean/var/count buffers in place (no_grad) from every batch")
+R("running-peak-scale", RunningPeak, vec(4), refuses=r"changes.*\bpeak\b", tags=["stateful"],
+  note="the hidden layer divided by the largest magnitude seen so far, a buffer raised in place")
+
+# -- tensor hooks on parameters: ignored by every implementation (the reference is the model without them)
+R("param-hook-double-weight", with_param_hooks(Lin, lambda m: m.l1.weight.register_hook(_double)), vec(4),
+  reference_build=Lin, tags=["param-hooks", "hooks"], note="l1.weight.register_hook(lambda g: 2 * g)")
+R("param-hook-clamp", with_param_hooks(Lin, lambda m: m.l2.weight.register_hook(lambda g: g.clamp(-1e-3, 1e-3))),
+  vec(4), reference_build=Lin, tags=["param-hooks", "hooks"], note="a hook clamping l2.weight's gradient")
+R("param-hook-bias", with_param_hooks(Lin, lambda m: m.l2.bias.register_hook(lambda g: -3.0 * g)), vec(4),
+  reference_build=Lin, tags=["param-hooks", "hooks"], note="a hook on l2.bias")
+R("param-hook-zero", with_param_hooks(Lin, lambda m: m.l1.bias.register_hook(torch.zeros_like)), vec(4),
+  reference_build=Lin, tags=["param-hooks", "hooks"], note="a hook zeroing l1.bias's gradient (frozen by hook)")
+R("param-hook-two-on-one", with_param_hooks(Lin, _two_hooks), vec(4), reference_build=Lin,
+  tags=["param-hooks", "hooks"], note="two hooks on l1.weight (2 * g, then + 0.5)")
+R("param-hook-conv-weight", with_param_hooks(_hook_conv, lambda m: m[0].weight.register_hook(lambda g: 0.25 * g)),
+  shaped(1, 4, 4), reference_build=_hook_conv, tags=["param-hooks", "hooks", "conv"],
+  note="a hook on a Conv2d weight")
+R("param-hook-elephant-log-a", with_param_hooks(_hook_elephant_mlp, lambda m: m[2].log_a.register_hook(
+    lambda g: 10.0 * g)), vec(3), reference_build=_hook_elephant_mlp, tags=["param-hooks", "hooks", "elephant"],
+  note="a hook on an Elephant's log_a (mlp(..., 'elephant'))")
+R("param-hook-elephant-log-h", with_param_hooks(ElephantNet, lambda m: m.act.log_h.register_hook(_double)), vec(4),
+  reference_build=ElephantNet, tags=["param-hooks", "hooks", "elephant"], note="a hook on an Elephant's log_h")
+R("param-hook-tied-embedding", with_param_hooks(TiedModules, lambda m: m.emb.weight.register_hook(lambda g: 3.0 * g)),
+  ids(3, 5), reference_build=TiedModules, rule=["proj", "head.bias"], tags=["param-hooks", "hooks", "tying"],
+  note="a hook on a weight tied between an Embedding and the head")
+R("param-hook-parametrization-original", with_param_hooks(new_weight_norm_linear, lambda m: m[0].parametrizations
+                                                          .weight.original1.register_hook(_double)), vec(4),
+  reference_build=new_weight_norm_linear, rule=["2"], tags=["param-hooks", "hooks", "parametrization"],
+  note="a hook on weight_norm's direction parameter (original1)")
+R("param-hook-params-subset", with_param_hooks(Lin, lambda m: m.l1.weight.register_hook(_double)), vec(4),
+  reference_build=Lin, params=["l1.weight", "l2.bias"], tags=["param-hooks", "hooks", "params"],
+  note="the hooked parameter selected with params=")
+
+# -- cases that used to give unclear errors or misleading warnings
+R("sparse-embedding", SparseEmbedding, ids(3, 7), rule=["l1", "head"], maybe_rule=["emb"], vmap_fails=None,
+  tags=["embedding", "vmap"], note="nn.Embedding(sparse=True): func is exact or raises its documented error")
+R("checkpoint-nonreentrant", lambda: Checkpointed(use_reentrant=False), vec(4), rule=["inp", "head"],
+  maybe_rule=["block"], vmap_fails=None, tags=["checkpoint"],
+  note="a block under torch.utils.checkpoint(use_reentrant=False) (recomputed in backward)")
+R("checkpoint-nonreentrant-on-input", lambda: Checkpointed(use_reentrant=False, on_input=True), vec(4),
+  rule=["inp", "head"], maybe_rule=["block"], vmap_fails=None, tags=["checkpoint"],
+  note="the same, checkpointing the first block on the input itself (which does not require grad)")
+R("inplace-relu-on-input", InplaceReluInput, vec(4), rule=["l2"], maybe_rule=["l1"], tags=["inplace"],
+  note="nn.ReLU(inplace=True) on the input first: the caller's x must be left as it was")
+R("transformer-encoder", EncoderNet, shaped(4, 4), rule=["head"], maybe_rule=["enc"],
+  tags=["sequence", "attention"], note="nn.TransformerEncoder, batch_first, eval, enable_nested_tensor default")
+R("transformer-encoder-key-padding", lambda: EncoderNet(padded=True), padded_sequences, rule=["head"],
+  maybe_rule=["enc"], vmap_fails=None, tags=["sequence", "attention", "pytree", "vmap"],
+  note="the same with a key padding mask, pooled over every position: without gradients torch's fused path"
+       " (nested tensors) would zero the padded positions; vmap cannot run the fused path's mask check, which"
+       " the engine turns off")
+
+# -- aliased modules
+R("aliased-conv-backbone", AliasedConvBackbone, shaped(1, 4, 4), rule=["backbone.0", "head"],
+  tags=["sharing", "conv"], note="self.features = self.backbone with a Conv2d, called under the alias")
+R("aliased-groupnorm", lambda: AliasedNorm(both=False), vec(4), rule=["l1", "l2"], tags=["sharing"],
+  note="a GroupNorm under two names, called once under the alias")
+R("aliased-groupnorm-called-under-both", lambda: AliasedNorm(both=True), vec(4), rule=["l1", "l2"],
+  tags=["sharing"], note="a GroupNorm under two names, called once under each")
+R("aliased-elephant", AliasedElephant, vec(4), tags=["sharing", "elephant"],
+  note="an Elephant under two names, called once under the alias")

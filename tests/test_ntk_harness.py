@@ -6,13 +6,17 @@ raises its documented error: ``layerwise`` a ValueError "does not cover" when a 
 (or, on a model that is not a per-sample function beyond what the dry runs see, a RuntimeError suggesting ``auto``);
 ``func`` a RuntimeError naming vmap when ``torch.func.vmap`` cannot run the model. ``auto`` and ``loop`` never raise.
 The reference is computed once per pattern (cached); ``auto`` gets every combination (outputs, x != xt, xt=None,
-chunked and unchunked), the other implementations a few.
+chunked and unchunked), the other implementations a few. A pattern with ``refuses`` (a random or stateful forward)
+has no reference: every entry point must raise its ValueError. After every call the model is as it was (parameter
+objects, flags, gradients, module and tensor hooks, parametrizations, buffers) and so are the caller's inputs; a
+pattern's parameter tensor hooks still act on a later ``backward()``.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -20,6 +24,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.nn.utils import parametrize
 
 import interference
 import ntk_patterns as P
@@ -31,23 +36,25 @@ RTOL = 1e-10
 # ----------------------------------------------------------------------------------------------- helpers
 @dataclass
 class Case:
-    """A pattern's inputs and reference results (computed once)."""
+    """A pattern's inputs and reference results (computed once; none for a pattern the engine must refuse)."""
 
     p: P.Pattern
     x: P.Batch
     xt: P.Batch
     names: list[str]
-    k_xxt: Tensor  # full (N, M, O, O)
-    k_xx: Tensor  # full (N, N, O, O)
+    k_xxt: Tensor | None  # full (N, M, O, O)
+    k_xx: Tensor | None  # full (N, N, O, O)
     loss_grads: Tensor | None  # (N, P) per-sample loss gradients on x
 
 
 @functools.lru_cache(maxsize=None)
 def case(name: str) -> Case:
     p = P.PATTERNS[name]
-    model = P.build_model(p)
+    model = P.build_model(p, reference=True)
     x, xt = P.make_inputs(p, p.n, 1), P.make_inputs(p, p.m, 2)
     names = P.selected_names(model, p.params)
+    if p.refuses is not None:  # random or stateful: there is no kernel to compare with
+        return Case(p, x, xt, names, None, None, None)
     fn = P.model_fn(model)
     j1 = P.reference_jacobian(fn, model, x, names)
     j2 = P.reference_jacobian(fn, model, xt, names)
@@ -101,6 +108,10 @@ def snapshot(model: nn.Module) -> dict:
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "hooks": {k: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks),
                       len(m._backward_pre_hooks)) for k, m in model.named_modules()},
+        # tensor hooks on the parameters (id and function) and the modules' parametrizations
+        "param_hooks": {k: None if getattr(p, "_backward_hooks", None) is None else tuple(p._backward_hooks.items())
+                        for k, p in model.named_parameters(remove_duplicate=False)},
+        "parametrized": {k: parametrize.is_parametrized(m) for k, m in model.named_modules()},
         "training": {k: m.training for k, m in model.named_modules()},
     }
 
@@ -113,10 +124,99 @@ def assert_unchanged(before: dict, model: nn.Module) -> None:
         now = after["grads"][k]
         assert (g is None) == (now is None) and (g is None or torch.equal(g, now)), f"{k}.grad changed"
     assert after["hooks"] == before["hooks"], "hooks were left on the model"
+    for k, hooks in before["param_hooks"].items():
+        assert after["param_hooks"][k] == hooks, (f"{k}'s tensor hooks changed: {hooks} before, "
+                                                  f"{after['param_hooks'][k]} after")
+    assert after["parametrized"] == before["parametrized"], "parametrizations were added or removed"
     assert after["training"] == before["training"], "train/eval mode changed"
     assert before["state"].keys() == after["state"].keys()
     for k, v in before["state"].items():
         assert torch.equal(v, after["state"][k]), f"{k} changed"
+
+
+def run_on(model: nn.Module, before: dict, fn, *args, **kwargs):
+    """``run``, then assert the model is as ``before`` (whether the call returned or raised)."""
+    try:
+        return run(fn, *args, **kwargs)
+    finally:
+        assert_unchanged(before, model)
+
+
+def assert_inputs_unchanged(c: Case, what: str) -> None:
+    """The caller's batches hold what the pattern made (a forward writing its input in place must not reach them)."""
+    for got, made in ((c.x, P.make_inputs(c.p, c.p.n, 1)), (c.xt, P.make_inputs(c.p, c.p.m, 2))):
+        for a, b in zip(P.tree_leaves(got), P.tree_leaves(made)):
+            assert torch.equal(a, b), f"{what}: the caller's input was modified"
+
+
+def check_refusal(p: P.Pattern, model: nn.Module, before: dict, what: str, fn, *args, **kwargs) -> None:
+    """A random or stateful forward: ``fn`` raises a ValueError matching ``p.refuses`` and leaves the model as it
+    was (its buffers hold their values from before)."""
+    try:
+        run(fn, *args, **kwargs)
+    except ValueError as err:
+        assert re.search(p.refuses, str(err)), f"{what}: the ValueError does not match {p.refuses!r}: {err}"
+    except Exception as err:  # noqa: BLE001
+        raise AssertionError(f"{what}: must raise a ValueError matching {p.refuses!r}, raised"
+                             f" {type(err).__name__}: {err}") from err
+    else:
+        raise AssertionError(f"{what}: must raise a ValueError matching {p.refuses!r}, returned a result")
+    assert_unchanged(before, model)
+
+
+def assert_param_hooks_work(p: P.Pattern, model: nn.Module, batch: P.Batch) -> None:
+    """The parameters' tensor hooks still act after the engine's calls: ``loss.backward()`` gives the gradients of
+    the same model never measured (hooks applied). Leaves ``.grad`` as it was (None)."""
+    if p.reference_build is None:
+        return
+    fresh = P.build_model(p)
+    for m in (model, fresh):
+        m.zero_grad(set_to_none=True)
+        P.default_loss(m, batch).sum().backward()
+    for (k, a), (_, b) in zip(model.named_parameters(), fresh.named_parameters()):
+        assert (a.grad is None) == (b.grad is None), f"{k}: .grad after backward"
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=0), f"{k}: its tensor hooks no longer act"
+    model.zero_grad(set_to_none=True)
+
+
+def leaf_calls(model: nn.Module, batch: P.Batch) -> tuple[Tensor, dict[str, list[Tensor | None]]]:
+    """One forward without gradients: ``(n, O)`` outputs and each leaf module's first tensor argument per call."""
+    calls: dict[str, list[Tensor | None]] = {}
+
+    def hook(name: str):
+        return lambda mod, args, out: calls.setdefault(name, []).append(
+            args[0].detach().clone() if args and isinstance(args[0], Tensor) else None)
+
+    handles = [m.register_forward_hook(hook(k)) for k, m in model.named_modules() if not any(m.children())]
+    try:
+        with torch.no_grad():
+            out = model(P.tree_map(torch.clone, batch))
+    finally:
+        for h in handles:
+            h.remove()
+    return out.reshape(out.shape[0], -1), calls
+
+
+def rows_are_samples(model: nn.Module, batch: P.Batch) -> bool:
+    """Whether the batch's forward is each sample's alone, row by row: outputs, and the rows of every leaf module's
+    input (the same modules called as often, each input's row ``i`` that of sample ``i`` alone)."""
+    n = P.batch_len(batch)
+    out, calls = leaf_calls(model, batch)
+    for i in range(n):
+        alone, own = leaf_calls(model, P.take(batch, i))
+        if not torch.allclose(out[i:i + 1], alone, rtol=1e-10, atol=1e-12) or own.keys() != calls.keys():
+            return False
+        for k, ins in calls.items():
+            if len(ins) != len(own[k]):
+                return False
+            for a, b in zip(ins, own[k]):
+                if a is None or b is None or (a.shape[0] == 0 and b.shape[0] == 0):
+                    continue
+                if a.shape[0] != n or b.shape[0] != 1 or a.shape[1:] != b.shape[1:] or \
+                        not torch.allclose(a[i:i + 1], b, rtol=1e-10, atol=1e-12):
+                    return False
+    return True
 
 
 def func_refuses(p: P.Pattern) -> bool | None:
@@ -177,15 +277,22 @@ def expected_rules(name: str, loss: bool = False) -> tuple[set[str], set[str]]:
     return P.expected_rule(c.p, P.build_model(c.p), c.names, loss=loss)
 
 
+def params_kw(p: P.Pattern) -> dict:
+    return {"params": list(p.params)} if p.params is not None else {}
+
+
 # ----------------------------------------------------------------------------------------------- the registry
 def test_registry_is_broad_and_tiny():
     assert len(P.PATTERNS) >= 60
     tags = {t for p in P.PATTERNS.values() for t in p.tags}
     for needed in ("tying", "parametrization", "time-major", "vmap", "mixing", "hooks", "subclass", "conv",
-                   "elephant", "embedding", "pytree", "params", "attention", "recurrent", "output", "buffers"):
+                   "elephant", "embedding", "pytree", "params", "attention", "recurrent", "output", "buffers",
+                   "batch-coupling", "random", "stateful", "param-hooks", "sharing", "checkpoint"):
         assert needed in tags, needed
     for p in P.PATTERNS.values():
-        assert p.n <= 4 and p.m <= 4
+        assert p.n <= (8 if "batch-coupling" in p.tags else 4) and p.m <= 4, p.name
+        assert (p.refuses is None) == ("random" not in p.tags and "stateful" not in p.tags), p.name
+        assert (p.reference_build is None) == ("param-hooks" not in p.tags), p.name
         model = P.build_model(p)
         assert not model.training and not any(m.training for m in model.modules()), p.name
         assert all(t.dtype == torch.float64 for t in model.parameters()), p.name
@@ -198,13 +305,33 @@ def test_registry_is_broad_and_tiny():
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_is_self_consistent(name):
     """The autograd-row reference equals torch.autograd.functional.jacobian of one flat parameter vector, and the
-    pattern's vmap_fails flag is what torch.func actually does."""
+    pattern's vmap_fails flag is what torch.func actually does. A pattern with parameter hooks: its reference model
+    is the model without them, and the hooks change the gradients autograd gives (the pattern tests something)."""
     c = case(name)
-    model = P.build_model(c.p)
+    if c.p.refuses is not None:
+        pytest.skip("the engine must refuse this model: no reference")
+    model = P.build_model(c.p, reference=True)
     if c.p.zero_kernel:
         assert c.k_xxt.abs().max() == 0 and c.k_xx.abs().max() == 0, "zero_kernel, but the reference is not zero"
     else:
         assert c.k_xxt.abs().max() > 0, "reference kernel is zero: the pattern tests nothing"
+    if c.p.reference_build is not None:
+        hooked = P.build_model(c.p)
+        plain = dict(model.named_parameters())
+        assert [k for k, _ in hooked.named_parameters()] == list(plain), "the reference model has other parameters"
+        for k, v in hooked.named_parameters():
+            assert torch.equal(v, plain[k]), f"{k} differs from the reference model's (not the same seed?)"
+            assert not getattr(plain[k], "_backward_hooks", None), f"the reference model's {k} has tensor hooks"
+        assert any(getattr(v, "_backward_hooks", None) for v in hooked.parameters()), "no parameter has a hook"
+        j = P.reference_jacobian(P.model_fn(hooked), hooked, c.x, c.names)
+        assert not P.close(P.kernel_from_jacobians(j, j, "full"), c.k_xx, 1e-6)[0], \
+            "the hooks do not change autograd's gradients: the pattern tests nothing"
+    if "batch-coupling" in c.p.tags:  # the batch is not its samples; "dry-run-blind": a pair (either order) is
+        assert not rows_are_samples(model, c.x), "the batch's rows are its samples alone: the pattern tests nothing"
+        if "dry-run-blind" in c.p.tags:
+            for order in ([0, 1], [1, 0]):
+                pair = P.tree_map(lambda t: t[order].clone(), c.x)
+                assert rows_are_samples(model, pair), f"samples {order} together differ from each alone"
     if not c.p.hidden_use:
         j = P.functional_jacobian(P.model_fn(model), model, c.x, c.names)
         jt = P.functional_jacobian(P.model_fn(model), model, c.xt, c.names)
@@ -220,7 +347,7 @@ def test_reference_is_self_consistent(name):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.func.vmap(torch.func.jacrev(single), in_dims=(None, 0))(params, c.x)
+            torch.func.vmap(torch.func.jacrev(single), in_dims=(None, 0))(params, P.tree_map(torch.clone, c.x))
         vmap_ok = True
     except Exception:  # noqa: BLE001
         vmap_ok = False
@@ -235,17 +362,21 @@ def test_auto_all_combinations(name):
     c = case(name)
     model = P.build_model(c.p)
     before = snapshot(model)
-    kw = {"params": list(c.p.params)} if c.p.params is not None else {}
+    kw = params_kw(c.p)
     combos = [("full", True, None), ("diagonal", True, None), ("trace", True, None),
               ("full", True, 2), ("trace", True, 1), ("diagonal", True, 2),
               ("full", False, None), ("trace", False, 2), ("diagonal", False, 1)]
     for output, with_xt, chunk in combos:
         what = f"auto output={output} xt={'yes' if with_xt else 'None'} chunk_size={chunk}"
         args = (model, c.x, c.xt) if with_xt else (model, c.x)
-        got, records = run(interference.ntk, *args, output=output, chunk_size=chunk, **kw)
+        if c.p.refuses is not None:
+            check_refusal(c.p, model, before, what, interference.ntk, *args, output=output, chunk_size=chunk, **kw)
+            continue
+        got, records = run_on(model, before, interference.ntk, *args, output=output, chunk_size=chunk, **kw)
         assert_close(got, reduce(c.k_xxt if with_xt else c.k_xx, output), what)
         check_auto_warnings(c.p, records, what)
-    assert_unchanged(before, model)
+    assert_inputs_unchanged(c, "auto")
+    assert_param_hooks_work(c.p, model, c.x)
 
 
 @pytest.mark.parametrize("impl", ["func", "loop", "layerwise"])
@@ -254,14 +385,20 @@ def test_other_implementations(name, impl):
     c = case(name)
     model = P.build_model(c.p)
     before = snapshot(model)
-    must, maybe = expected_rules(name)
-    want_error = expect_raise(c.p, impl, must, maybe, c.names)
-    kw = {"params": list(c.p.params)} if c.p.params is not None else {}
+    kw = params_kw(c.p)
+    if c.p.refuses is None:
+        must, maybe = expected_rules(name)
+        want_error = expect_raise(c.p, impl, must, maybe, c.names)
     for output, with_xt, chunk in (("full", True, None), ("trace", False, 2)):
         what = f"{impl} output={output} xt={'yes' if with_xt else 'None'} chunk_size={chunk}"
         args = (model, c.x, c.xt) if with_xt else (model, c.x)
+        if c.p.refuses is not None:
+            check_refusal(c.p, model, before, what, interference.ntk, *args, output=output, chunk_size=chunk,
+                          implementation=impl, **kw)
+            continue
         try:
-            got, records = run(interference.ntk, *args, output=output, chunk_size=chunk, implementation=impl, **kw)
+            got, records = run_on(model, before, interference.ntk, *args, output=output, chunk_size=chunk,
+                                  implementation=impl, **kw)
         except Exception as err:  # noqa: BLE001
             assert want_error is not False, f"{what} raised {type(err).__name__}: {err}"
             check_error(err, impl, what, c.p)
@@ -270,7 +407,8 @@ def test_other_implementations(name, impl):
         assert_close(got, reduce(c.k_xxt if with_xt else c.k_xx, output), what)
         assert not vmap_warnings(records), f"{what}: {vmap_warnings(records)}"
         assert not per_sample_warnings(records), f"{what}: {per_sample_warnings(records)}"
-    assert_unchanged(before, model)
+    assert_inputs_unchanged(c, impl)
+    assert_param_hooks_work(c.p, model, c.x)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -278,12 +416,17 @@ def test_identical_samples(name):
     """Every sample the same (no pair to compare in the dry runs): still exact."""
     c = case(name)
     model = P.build_model(c.p)
+    before = snapshot(model)
     one = P.take(c.x, 0)
     x = P.tree_map(lambda t: t.expand(2, *t.shape[1:]).contiguous(), one)
-    kw = {"params": list(c.p.params)} if c.p.params is not None else {}
-    got, _ = run(interference.ntk, model, x, output="full", **kw)
+    kw = params_kw(c.p)
+    if c.p.refuses is not None:
+        check_refusal(c.p, model, before, "auto, identical samples", interference.ntk, model, x, output="full", **kw)
+        return
+    got, _ = run_on(model, before, interference.ntk, model, x, output="full", **kw)
     k1 = c.k_xx[:1, :1]
     assert_close(got, k1.expand(2, 2, *k1.shape[2:]), "auto, identical samples")
+    assert_param_hooks_work(c.p, model, c.x)
 
 
 # ----------------------------------------------------------------------------------------------- explain
@@ -315,15 +458,23 @@ def check_paths(plan, model: nn.Module, names: list[str], must: set[str], maybe:
 def test_explain_paths(name):
     c = case(name)
     model = P.build_model(c.p)
+    before = snapshot(model)
+    kw = params_kw(c.p)
+    if c.p.refuses is not None:
+        for impl in ("auto", "loop", "func"):
+            check_refusal(c.p, model, before, f"explain({impl})", interference.explain, model, c.x, c.xt,
+                          implementation=impl, **kw)
+        return
     must, maybe = expected_rules(name)
-    kw = {"params": list(c.p.params)} if c.p.params is not None else {}
-    plan, _ = run(interference.explain, model, c.x, c.xt, **kw)
+    plan, _ = run_on(model, before, interference.explain, model, c.x, c.xt, **kw)
     check_paths(plan, model, c.names, must, maybe, exact_paths(c.p), "explain(auto)")
     assert str(plan)
-    plan, _ = run(interference.explain, model, c.x, implementation="loop", **kw)
+    plan, _ = run_on(model, before, interference.explain, model, c.x, implementation="loop", **kw)
     check_paths(plan, model, c.names, set(), set(), {"loop"}, "explain(loop)")
-    plan, _ = run(interference.explain, model, c.x, implementation="func", **kw)
+    plan, _ = run_on(model, before, interference.explain, model, c.x, implementation="func", **kw)
     check_paths(plan, model, c.names, set(), set(), {"func"}, "explain(func)")
+    assert_inputs_unchanged(c, "explain")
+    assert_param_hooks_work(c.p, model, c.x)
 
 
 # ----------------------------------------------------------------------------------------------- gradcov
@@ -335,31 +486,42 @@ def test_gradient_covariance(name):
     c = case(name)
     model = P.build_model(c.p)
     before = snapshot(model)
-    kw = {"params": list(c.p.params)} if c.p.params is not None else {}
+    kw = params_kw(c.p)
+    if c.p.refuses is not None:
+        for impl in ("auto", "func", "loop"):
+            for normalize in (False, True):
+                check_refusal(c.p, model, before, f"gradient_covariance({impl}, normalize={normalize})",
+                              interference.gradient_covariance, model, c.p.loss, c.x, normalize=normalize,
+                              implementation=impl, **kw)
+        check_refusal(c.p, model, before, "explain(auto, loss_fn)", interference.explain, model, c.x,
+                      loss_fn=c.p.loss, **kw)
+        return
     g = c.loss_grads
     gram = g @ g.T
     norm = g.norm(dim=1)
     assert (norm > 0).all(), "a sample has a zero loss gradient: pick another loss or input"
     cov = gram / norm[:, None] / norm[None, :]
-    got, records = run(interference.gradient_covariance, model, c.p.loss, c.x, normalize=False, **kw)
+    got, records = run_on(model, before, interference.gradient_covariance, model, c.p.loss, c.x, normalize=False,
+                          **kw)
     assert_close(got, gram, "gradient_covariance(auto, normalize=False)")
     check_auto_warnings(c.p, records, "gradient_covariance(auto, normalize=False)")
-    got, _ = run(interference.gradient_covariance, model, c.p.loss, c.x, **kw)
+    got, _ = run_on(model, before, interference.gradient_covariance, model, c.p.loss, c.x, **kw)
     assert_close(got, cov, "gradient_covariance(auto)")
     must, maybe = expected_rules(name, loss=True)
-    plan, _ = run(interference.explain, model, c.x, loss_fn=c.p.loss, **kw)
+    plan, _ = run_on(model, before, interference.explain, model, c.x, loss_fn=c.p.loss, **kw)
     check_paths(plan, model, c.names, must, maybe, exact_paths(c.p), "explain(auto, loss_fn)")
     for impl in ("func", "loop"):
         try:
-            got, _ = run(interference.gradient_covariance, model, c.p.loss, c.x, normalize=False,
-                         implementation=impl, **kw)
+            got, _ = run_on(model, before, interference.gradient_covariance, model, c.p.loss, c.x, normalize=False,
+                            implementation=impl, **kw)
         except Exception as err:  # noqa: BLE001
             assert impl == "func" and func_refuses(c.p) is not False, f"gradient_covariance({impl}) raised {err!r}"
             check_error(err, impl, f"gradient_covariance({impl})")
             continue
         assert not (impl == "func" and func_refuses(c.p)), f"gradient_covariance(func) should raise on {name}"
         assert_close(got, gram, f"gradient_covariance({impl}, normalize=False)")
-    assert_unchanged(before, model)
+    assert_inputs_unchanged(c, "gradient_covariance")
+    assert_param_hooks_work(c.p, model, c.x)
 
 
 @pytest.mark.parametrize("name", LOSS_NAMES)
@@ -367,11 +529,17 @@ def test_per_sample_grads(name):
     c = case(name)
     model = P.build_model(c.p)
     before = snapshot(model)
-    kw = {"params": list(c.p.params)} if c.p.params is not None else {}
+    kw = params_kw(c.p)
+    if c.p.refuses is not None:
+        for impl in ("auto", "func", "loop"):
+            check_refusal(c.p, model, before, f"per_sample_grads({impl})", interference.per_sample_grads, model,
+                          c.p.loss, c.x, implementation=impl, **kw)
+        return
     ref = P.split_grads(model, c.loss_grads, c.names)
     for impl in ("auto", "func", "loop"):
         try:
-            got, records = run(interference.per_sample_grads, model, c.p.loss, c.x, implementation=impl, **kw)
+            got, records = run_on(model, before, interference.per_sample_grads, model, c.p.loss, c.x,
+                                  implementation=impl, **kw)
         except Exception as err:  # noqa: BLE001
             assert impl == "func" and func_refuses(c.p) is not False, f"per_sample_grads({impl}) raised {err!r}"
             check_error(err, impl, f"per_sample_grads({impl})")
@@ -382,7 +550,32 @@ def test_per_sample_grads(name):
             assert_close(got[k], ref[k], f"per_sample_grads({impl})[{k}]")
         if impl == "auto":
             check_auto_warnings(c.p, records, f"per_sample_grads({impl})")
-    assert_unchanged(before, model)
+    assert_inputs_unchanged(c, "per_sample_grads")
+    assert_param_hooks_work(c.p, model, c.x)
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+def test_squared_grad_sum(name):
+    """``sum_n g_n^2`` per parameter (both implementations) against the reference's per-sample loss gradients."""
+    c = case(name)
+    model = P.build_model(c.p)
+    before = snapshot(model)
+    kw = params_kw(c.p)
+    for impl in ("auto", "exact"):
+        what = f"squared_grad_sum({impl})"
+        if c.p.refuses is not None:
+            check_refusal(c.p, model, before, what, interference.squared_grad_sum, model, c.p.loss, c.x,
+                          implementation=impl, **kw)
+            continue
+        ref = P.split_grads(model, c.loss_grads ** 2, c.names)
+        got, records = run_on(model, before, interference.squared_grad_sum, model, c.p.loss, c.x,
+                              implementation=impl, **kw)
+        assert set(got) == set(c.names), f"{what} keys {sorted(got)}"
+        for k in c.names:
+            assert_close(got[k], ref[k].sum(0), f"{what}[{k}]")
+        check_auto_warnings(c.p, records, what)
+    assert_inputs_unchanged(c, "squared_grad_sum")
+    assert_param_hooks_work(c.p, model, c.x)
 
 
 # ----------------------------------------------------------------------------------------------- beyond the registry
@@ -661,15 +854,20 @@ def test_sweep(name, seed, sizes):
     n, m = sizes
     model = P.build_model(p, seed=seed)
     x, xt = P.make_inputs(p, n, 100 + seed), P.make_inputs(p, m, 200 + seed)
-    names = P.selected_names(model, p.params)
-    kw = {"params": list(p.params)} if p.params is not None else {}
-    ref = P.reference_ntk(model, x, xt, names)
+    kw = params_kw(p)
+    if p.refuses is not None:
+        check_refusal(p, model, snapshot(model), f"auto n={n} m={m} seed={seed}", interference.ntk, model, x, xt,
+                      **kw)
+        return
+    reference = P.build_model(p, seed=seed, reference=True)
+    names = P.selected_names(reference, p.params)
+    ref = P.reference_ntk(reference, x, xt, names)
     for output, chunk, impl in (("full", None, "auto"), ("trace", 1, "auto"), ("diagonal", 3, "auto"),
                                 ("full", None, "loop")):
         got, _ = run(interference.ntk, model, x, xt, output=output, chunk_size=chunk, implementation=impl, **kw)
         assert_close(got, reduce(ref, output), f"{impl} n={n} m={m} seed={seed} output={output} chunk={chunk}")
     if p.loss is not None and n > 1:
-        g = P.reference_loss_grads(model, p.loss, x, names)
+        g = P.reference_loss_grads(reference, p.loss, x, names)
         got, _ = run(interference.gradient_covariance, model, p.loss, x, normalize=False, **kw)
         assert_close(got, g @ g.T, "gradient_covariance(auto, normalize=False)")
 
