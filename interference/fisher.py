@@ -8,7 +8,7 @@ Per-sample gradients of a 10k-unit layer for a batch of 125 take gigabytes; a ``
 per-sample weight gradient is the outer product ``b_n a_n^T`` of the gradient at its output and its input, so the sum
 of their squares is ``(b^2)^T (a^2)`` (one matrix product) and the bias's is ``sum_n b_n^2``. ``implementation="auto"``
 uses the NTK engine's proofs (:mod:`interference.plan`: the layer runs once, on rows that are the samples, its
-parameter is used nowhere else; every block is checked against single-sample runs) and its layer-wise rules
+parameter is used nowhere else; every row of the batch is checked against its sample alone) and its layer-wise rules
 (:mod:`interference.rules`): a 2-D ``Linear`` by the product above, any other rule's parameter from the rule's
 per-sample factor for that parameter alone (``Conv2d``: ``(n, c_out c_in kh kw)``); each parameter's factors are
 checked against autograd through ``sum_n w_n g_n`` for random weights ``w`` (one backward), which catches a rule

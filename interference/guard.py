@@ -16,7 +16,8 @@ are untouched), the same training flags, and its parameters' tensor hooks. Insid
   the kernel carries no graph.
 
 Forwards that change the model's buffers (counters, running statistics) or draw random numbers are refused by the
-planning runs (:mod:`interference.plan`), which restore the buffers they saw change.
+planning runs (:mod:`interference.plan`), which restore the buffers they saw change; a buffer changed in place by a
+later call (whose plan was cached) is reported when the call ends, and cannot be undone then.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ Batch = Any
 def engine_call(model: nn.Module) -> Iterator[None]:
     """Run the engine on ``model`` and leave it as it was (see the module docstring)."""
     saved = [(mod, dict(mod._parameters), dict(mod._buffers), mod.training) for mod in model.modules()]
+    versions = [(buf, buf._version) for _, _, buffers, _ in saved for buf in buffers.values() if buf is not None]
     flags = [(p, p.requires_grad) for p in model.parameters()]
     hooks = [(p, dict(p._backward_hooks)) for p in model.parameters() if getattr(p, "_backward_hooks", None)]
     for p, _ in hooks:
@@ -47,8 +49,10 @@ def engine_call(model: nn.Module) -> Iterator[None]:
     fastpath = torch.backends.mha.get_fastpath_enabled()
     parametrize._cache_enabled = 0
     torch.backends.mha.set_fastpath_enabled(False)
+    failed = True
     try:
         yield
+        failed = False
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         parametrize._cache_enabled = cache
@@ -64,6 +68,10 @@ def engine_call(model: nn.Module) -> Iterator[None]:
                         mod.__dict__.pop(name, None)
                         store[name] = value
             mod.training = training
+    if not failed and any(buf._version != version for buf, version in versions):
+        raise ValueError("the model's forward changed a buffer in place during this call, although it did not in the"
+                         " calls that made the plan; the change could not be undone. Make the forward leave its"
+                         " buffers alone for the measurement")
 
 
 def detached(batch: Batch | None) -> Batch | None:

@@ -66,9 +66,11 @@ def ntk(
         The kernel, shaped as ``output`` says.
 
     The kernel has the device of the model's parameters and their dtype (promoted over the selected ones: float64 if
-    any is). Dropout and BatchNorm in training mode are refused (call ``model.eval()``). Besides the dry runs of
-    :func:`explain`, every block is checked against single-sample runs; a block that fails (the model treats larger
-    batches differently) sends every parameter to the exact path with a warning.
+    any is). Forwards that draw random numbers or change the model's buffers, and BatchNorm in training mode, are
+    refused (``ValueError``). The dry runs of :func:`explain` run once per model structure (the plan is cached);
+    every block is then checked on every row against its samples alone (about one training step on the block); a
+    block that fails (the model treats larger batches differently) sends every parameter to the exact path with a
+    warning. The model is left as it was, and hooks on parameter tensors are ignored (see the paths page).
     """
     return jacobian_gram(lambda b: model_outputs(model, b), model, x, xt, params=params, output=output,
                          implementation=implementation, chunk_size=chunk_size, max_memory=max_memory)

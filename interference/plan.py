@@ -31,8 +31,8 @@ one sample and repeats it, which is exact. The dry runs call ``forward`` four or
 so state a forward changes (running statistics in training mode, counters) sees those calls.
 
 Dry runs cannot see what only other samples would show (a branch on a value only a later sample has, a batch-size
-test); the engine checks every block it computes as well (:func:`interference.gram` verifies rows against
-single-sample runs) and falls back to the exact path when a block disagrees.
+test); every block the engine computes is checked on every row as well (:mod:`interference.rows`), and a block that
+fails sends every parameter to the exact path.
 """
 
 from __future__ import annotations
