@@ -12,7 +12,8 @@ parameter is used nowhere else; every row of the batch is checked against its sa
 (:mod:`interference.rules`): a 2-D ``Linear`` by the product above, any other rule's parameter from the rule's
 per-sample factor for that parameter alone (``Conv2d``: ``(n, c_out c_in kh kw)``); each parameter's factors are
 checked against autograd through ``sum_n w_n g_n`` for random weights ``w`` (one backward), which catches a rule
-whose factors do not follow the parameter's layout. Everything else takes :func:`interference.per_sample_grads`, which materialises ``(n, P)`` for those
+whose dense factors do not follow the parameter's layout (a 2-D ``Linear``'s product form has its layout by
+construction). Everything else takes :func:`interference.per_sample_grads`, which materialises ``(n, P)`` for those
 parameters only. ``implementation="exact"`` takes that path for every parameter.
 """
 
@@ -157,7 +158,8 @@ def _layerwise(fn, batch: Batch, plan: Plan) -> tuple[dict[str, Tensor], list[st
                 total = _squares(factors, slice(None))
                 if total.numel() == p.numel():
                     sums[name] = total.reshape(p.shape).to(p.dtype)
-                    weighted[name] = _weighted(factors, w)
+                    # a 2-D Linear's factored form has this module's own layout; a rule's dense factors are checked
+                    weighted[name] = _weighted(factors, w) if any(f.g is not None for f in factors) else None
     refused = [name for name in plan.selected if name in names.values() and name not in sums]
     # the rule's per-sample layout, all samples at once: sum_n w_n g_n against autograd through every use
     checked = [name for name in sums if weighted[name] is not None]
