@@ -288,14 +288,15 @@ def _check_limits(chunk_size: Any, max_memory: Any) -> None:
 
 # ----------------------------------------------------------------------------------------------- entry point
 def plan_for(fn: Callable[[Batch], Tensor], model: nn.Module, batch: Batch, batch2: Batch | None = None, *,
-             params: Iterable[str] | None = None, implementation: Implementation = "auto", rules: bool = True) -> Plan:
+             params: Iterable[str] | None = None, implementation: Implementation = "auto", rules: bool = True,
+             small: bool = False) -> Plan:
     """Validate the inputs and decide every selected parameter's path (see :mod:`interference.plan`);
     ``rules=False`` puts every parameter on the exact path."""
     _check_batches(batch, batch2, implementation)
     selected = select_parameters(model, params)
     check_per_sample_modes(model)
     with quiet_functorch():
-        plan = make_plan(fn, model, selected, batch, batch2, implementation, rules)
+        plan = make_plan(fn, model, selected, batch, batch2, implementation, rules, small)
     plan.selected, plan.dtype = selected, _promoted(selected)
     if implementation == "layerwise" and plan.exact:
         reasons = "; ".join(f"{k}: {plan.paths[k].reason}" for k in plan.exact)
@@ -342,7 +343,7 @@ def jacobian_gram(
         plan = lookup(model, key)
         reused, warned = plan is not None, set()
         if plan is None:
-            plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
+            plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, small=True)
         try:
             result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
         except NotPerSample as err:
@@ -350,7 +351,7 @@ def jacobian_gram(
                 failure = err
             else:  # the plan was made on another batch: make it on this one
                 forget(model, key)
-                plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation)
+                plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, small=True)
                 try:
                     result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
                     failure = None

@@ -94,4 +94,5 @@ def explain(
     """
     fn = (lambda b: model_outputs(model, b)) if loss_fn is None else (lambda b: loss_outputs(loss_fn, model, b))
     with engine_call(model):
-        return plan_for(fn, model, detached(x), detached(xt), params=params, implementation=implementation)
+        return plan_for(fn, model, detached(x), detached(xt), params=params, implementation=implementation,
+                        small=True)

@@ -58,6 +58,10 @@ __all__ = ["ParamPath", "Plan", "make_plan", "close", "distinct_sample", "hidden
 
 Batch = Any
 
+SMALL_JACOBIAN = 4096
+"""Entries (outputs x selected parameters) of one sample's Jacobian at or below which ``auto`` runs every parameter
+on ``func`` when ``func`` is proven for all (``ntk`` and ``gradient_covariance``; 0 turns it off)."""
+
 
 @dataclass(frozen=True)
 class ParamPath:
@@ -328,9 +332,11 @@ def hidden_uses(first: Tensor, second: Tensor) -> set[int]:
 
 # ----------------------------------------------------------------------------------------------- the plan
 def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str, nn.Parameter], batch: Batch,
-              batch2: Batch | None, implementation: str, rules: bool = True) -> Plan:
+              batch2: Batch | None, implementation: str, rules: bool = True, small: bool = False) -> Plan:
     """Decide and justify the path of every selected parameter (see the module docstring); ``rules=False`` puts
-    every parameter on the exact path (the engine's answer to a block that failed its checks).
+    every parameter on the exact path (the engine's answer to a block that failed its checks); ``small=True``: under
+    ``auto``, a model whose one-sample Jacobian has at most :data:`SMALL_JACOBIAN` entries runs every parameter on
+    ``func`` where ``func`` is proven for all of them (cheaper than the layer-wise pass and its check).
 
     Refuses (ValueError) a forward that changes the model's buffers or draws random numbers, after putting the
     buffers back; a forward checkpointed with ``use_reentrant=True`` (RuntimeError)."""
@@ -338,7 +344,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            plan = _decide(fn, model, selected, batch, batch2, implementation, rules)
+            plan = _decide(fn, model, selected, batch, batch2, implementation, rules, small)
         except BaseException:
             watch.refuse_if_changed()  # a stateful forward often fails in vmap or in the comparisons first
             watch.restore()
@@ -355,7 +361,7 @@ def make_plan(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[st
 
 
 def _decide(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str, nn.Parameter], batch: Batch,
-            batch2: Batch | None, implementation: str, rules: bool) -> Plan:
+            batch2: Batch | None, implementation: str, rules: bool, small: bool) -> Plan:
     plan = Plan(implementation=implementation)
     one = pytree.tree_map(lambda t: t[:1], batch)
     found = distinct_sample(batch, batch2)
@@ -472,6 +478,14 @@ def _decide(fn: Callable[[Batch], Tensor], model: nn.Module, selected: dict[str,
     plan.io = {m: calls_a[m][0].inp.numel() + calls_a[m][0].out.numel() for m in claims}
     rule_of = {full_name[(id(m), local)]: type(m).__name__ for m, u in claims.items() for local in u}
     plan.exact_impl = "loop" if implementation == "loop" else "func"
+    size = plan.outputs * sum(p.numel() for p in selected.values())
+    if small and rule_of and implementation == "auto" and size <= SMALL_JACOBIAN \
+            and not hidden & {id(p) for p in selected.values()} \
+            and exact_path_check(fn, model, list(selected), one if other is None else _cat(one, other),
+                                 lambda a, b: close(a, b, tol)) is None:
+        why.update(dict.fromkeys(rule_of, f"small model: one sample's Jacobian has {size} <= {SMALL_JACOBIAN}"
+                                          " entries, where vmap(jacrev) is cheaper than the layer-wise pass"))
+        rule_of, plan.modules, plan.io, plan.uses = {}, {}, {}, {}
     exact = [k for k in selected if k not in rule_of]
     if exact and implementation in ("auto", "func"):  # vmap must see every use, run the model and agree with autograd
         unseen = [k for k in exact if id(selected[k]) in hidden]

@@ -1,10 +1,17 @@
-"""Shared test set-up: one torch thread (small ops are much slower with 2 threads on busy 2-core machines), and
-SB3's default loggers (models built directly by tests) writing their folders under pytest's temp directory."""
+"""Shared test set-up: one torch thread (small ops are much slower with 2 threads on busy 2-core machines), SB3's
+default loggers (models built directly by tests) writing their folders under pytest's temp directory, and the NTK
+engine's small-model shortcut off (tests' models are tiny; they test the layer-wise paths' proofs, and
+``tests/test_ntk.py`` tests the shortcut itself)."""
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _no_small_model_shortcut(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("interference.plan.SMALL_JACOBIAN", 0)
 
 
 @pytest.fixture(autouse=True, scope="session")

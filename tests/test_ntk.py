@@ -210,3 +210,36 @@ def test_complex_parameters_are_refused_naming_them(call):
     with pytest.raises(TypeError, match=r"^complex parameters are not supported: w \(torch.complex64\)"):
         calls[call]()
     assert itf.ntk(model, x, params=["head.weight", "head.bias"]).shape == (4, 4, 1, 1)  # the real ones alone
+
+
+def test_small_models_run_func_where_it_is_proven(monkeypatch):
+    """Under ``auto``, a model whose one-sample Jacobian has at most SMALL_JACOBIAN entries takes ``func`` for every
+    parameter (cheaper than the layer-wise pass and its check) when ``func`` is proven; it stays exact."""
+    monkeypatch.setattr("interference.plan.SMALL_JACOBIAN", 4096)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).double().eval()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    plan = itf.explain(net, x)
+    assert {p.path for p in plan.paths.values()} == {"func"}
+    assert all("small model" in p.reason for p in plan.paths.values())
+    monkeypatch.setattr("interference.plan.SMALL_JACOBIAN", 0)
+    ref = itf.ntk(net, x, implementation="loop")
+    monkeypatch.setattr("interference.plan.SMALL_JACOBIAN", 4096)
+    assert torch.allclose(itf.ntk(net, x), ref, rtol=1e-10, atol=1e-12)
+    big = nn.Sequential(nn.Linear(3, 2000), nn.Tanh(), nn.Linear(2000, 2)).double().eval()
+    assert {p.path for p in itf.explain(big, x).paths.values()} == {"rule"}  # 2 x 10,002 entries
+    gru = nn.GRU(3, 4, batch_first=True).double().eval()
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn, self.head = gru, nn.Linear(4, 2).double()
+
+        def forward(self, s: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(s)[0][:, -1])
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        paths = itf.explain(Head().eval(), torch.randn(4, 3, 3, dtype=torch.float64)).paths
+    assert paths["head.weight"].path == "rule", "func is not proven for the GRU: the head keeps its rule"
