@@ -389,7 +389,7 @@ def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | Non
         warned.add(plan.fallback)
         _warn_fallback(plan)
     frozen = [p for p in plan.selected.values() if not p.requires_grad]
-    for p in frozen:  # named in params although frozen: differentiated for this call
+    for p in frozen:  # named in params although frozen: in the graph, as in the plan's dry runs (use counts)
         p.requires_grad_(True)
     try:
         check = RowCheck(plan.tolerance, plan.check_tolerance, plan.reference)

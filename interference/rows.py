@@ -180,7 +180,7 @@ def _per_sample_loop(fn: Callable[[Batch], Tensor], batch: Batch, used: list[nn.
 
 
 class RowCheck:
-    """Accumulates the every-row checks of one engine call as device booleans; :meth:`passed` reads them once.
+    """Accumulates the every-row checks of one engine call as device booleans; :meth:`failed` reads them once.
 
     ``mode`` is how the per-sample reference runs: ``"vmap"`` until ``vmap`` fails on the model, then ``"loop"``
     (kept in the plan, so a cached plan does not try ``vmap`` again)."""
