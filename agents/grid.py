@@ -718,7 +718,10 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
             limit = f", {slots} task{'s' * (slots > 1)} at a time (--workers)" if workers else ""
             tqdm.write(f"ray: the cluster at {ray.get_runtime_context().gcs_address}{started}, {cpus} CPUs{limit}",
                        file=sys.stderr)
-            remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+            # max_calls=1: a fresh worker process per task. A task cancelled in the middle of an import (ray.cancel
+            # raises KeyboardInterrupt wherever the task is) leaves half-initialised modules in its process, and a
+            # reused worker would fail every later task there (e.g. torch's lazy import of sympy).
+            remote = ray.remote(num_cpus=1, max_retries=0, max_calls=1)(_ray_task)
             cancelled: set[Hashable] = set()
             def ended(ref: Hashable, task: Task) -> list[Outcome]:
                 return _outcomes(task, lambda: _ray_result(ref, lambda: _locked_since(task, began)))
@@ -726,7 +729,8 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
             def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
                 while True:
                     if stop.signum is not None:
-                        for ref in set(running) - cancelled:
+                        # the latest first: those still waiting for a CPU, which a cancelled task's CPU would start
+                        for ref in [r for r in reversed(running) if r not in cancelled]:
                             ray.cancel(ref)
                             cancelled.add(ref)
                     done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
