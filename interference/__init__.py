@@ -13,12 +13,13 @@ from .activation_spec import (
 )
 from .activations import FTA, LWTA, Elephant, Maxout, elephant
 from .closed_form import one_hidden_layer_ntk
-from .fisher import squared_grad_sum
+from .fisher import GradMoments, grad_moments, squared_grad_sum
 from .gradcov import gradient_covariance, per_sample_grads
 from .noisy import NoisyLinear, resample_noise, set_noise
 from .nets import count_parameters, match_width, mlp, nature_cnn, spread_bias_
 from .ntk import explain, ntk
 from .plan import ParamPath, Plan
+from .structure import cross_entropy
 from .rules import Factor, LayerRule, register_rule, registered_rules
 from .plasticity import (
     condition_number,
@@ -45,6 +46,7 @@ __all__ = [
     "Elephant",
     "FTA",
     "Factor",
+    "GradMoments",
     "LayerRule",
     "ParamPath",
     "Plan",
@@ -54,6 +56,7 @@ __all__ = [
     "activation_names",
     "activation_spec",
     "count_parameters",
+    "cross_entropy",
     "dormant_scores",
     "effective_rank",
     "srank",
@@ -68,6 +71,7 @@ __all__ = [
     "function_sparsity",
     "gradient_covariance",
     "gradient_sparsity",
+    "grad_moments",
     "make_activation",
     "match_width",
     "mlp",

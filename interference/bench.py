@@ -235,28 +235,20 @@ def _classinc_step(data: str, ewc: bool, device: torch.device) -> Setup:
     def setup() -> Callable[[], None]:
         from agents.allocator import retain_freed_memory
         from agents.classinc.commands import defaults
-        from agents.classinc.learner import ClassIncConfig, StreamingEWC, build_model, nll
+        from agents.classinc.learner import ClassIncConfig, StreamingEWC, build_model, optimizer, update
 
         retain_freed_memory()
         cfg = ClassIncConfig(**{**defaults(data), "data": data, "ewc_lambda": EWC_LAMBDA})
         shape = CLASSINC_SHAPES[data]
         model = build_model(cfg, shape, CLASSINC_CLASSES, seed=0).to(device)
-        opt = torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=0.999, eps=1e-8)
+        opt = optimizer(model, cfg)
         g = torch.Generator().manual_seed(0)
         batch = (torch.rand(cfg.batch_size, *shape, generator=g).to(device),
                  torch.randint(0, CLASSINC_CLASSES, (cfg.batch_size,), generator=g).to(device))
         state = StreamingEWC(model, cfg.ewc_lambda, cfg.ewc_gamma) if ewc else None
 
         def step() -> None:
-            if state is not None:
-                state.before_updates(model, batch)
-            for _ in range(cfg.updates):
-                opt.zero_grad(set_to_none=True)
-                loss = nll(model, batch).mean()
-                (loss + state.penalty() if state is not None else loss).backward()
-                opt.step()
-            if state is not None:
-                state.after_updates()
+            update(model, opt, state, batch, cfg.updates)
         return step
     return setup
 

@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 from .exact import describe_error, loop_jacobian, single_sample_fn
 from .guard import BufferWatch, detached, engine_call
 from .plan import check_pure, close, tolerance, unseen_message, unseen_parameters
+from .structure import rows_proven
 from .gram import (Batch, Implementation, batch_size, check_per_sample_modes, jacobian_gram, quiet_functorch,
                    select_parameters)
 
@@ -80,7 +81,8 @@ def gradient_covariance(
     k = batch_size(batch)
     try:
         gram = jacobian_gram(lambda b: loss_outputs(loss_fn, model, b), model, batch, params=params, output="trace",
-                             implementation=implementation, fn_key=loss_key(loss_fn))
+                             implementation=implementation, fn_key=loss_key(loss_fn),
+                             rows_independent=rows_proven(model, batch, loss_fn))
     except LossShapeError:  # raised on a dry run's sample: name the caller's batch instead
         with torch.no_grad():
             _per_sample_losses(loss_fn, model, batch, k)

@@ -317,6 +317,7 @@ def jacobian_gram(
     chunk_size: int | None = None,
     max_memory: int | None = None,
     fn_key: Hashable | None = ("outputs",),
+    rows_independent: bool = False,
 ) -> Tensor:
     """Gram matrix of per-sample Jacobians of ``fn`` (see the module docstring).
 
@@ -332,6 +333,8 @@ def jacobian_gram(
         max_memory: bytes the computation may use; default 80% of what the device has free.
         fn_key: what identifies ``fn`` across calls for the plan cache (:mod:`interference.plan_cache`);
             ``None``: no caching.
+        rows_independent: the caller proved that ``fn`` computes row ``n`` from sample ``n`` alone
+            (:func:`interference.structure.rows_proven`): the every-row check is skipped.
     """
     if output not in _OUTPUTS:
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
@@ -345,7 +348,7 @@ def jacobian_gram(
         if plan is None:
             plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, small=True)
         try:
-            result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
+            result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned, rows_independent)
         except NotPerSample as err:
             if not reused:
                 failure = err
@@ -353,7 +356,7 @@ def jacobian_gram(
                 forget(model, key)
                 plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, small=True)
                 try:
-                    result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
+                    result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned, rows_independent)
                     failure = None
                 except NotPerSample as again:
                     failure = again
@@ -363,7 +366,7 @@ def jacobian_gram(
                 warnings.warn(f"{failure}: the model is not a per-sample function of its batch beyond the dry-run"
                               " samples, so every parameter takes the exact per-sample path", stacklevel=2)
                 plan = plan_for(fn, model, batch, batch2, params=params, implementation=implementation, rules=False)
-                result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned)
+                result = _compute(fn, model, plan, batch, batch2, output, chunk_size, max_memory, warned, rows_independent)
         store(model, key, plan)
     return result
 
@@ -378,9 +381,10 @@ def _check_batches(batch: Batch, batch2: Batch | None, implementation: str) -> N
 
 
 def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | None, output: str,
-             chunk_size: int | None, max_memory: float | None, warned: set[str]) -> Tensor:
+             chunk_size: int | None, max_memory: float | None, warned: set[str], rows_independent: bool) -> Tensor:
     """The kernel by ``plan``, in blocks that fit the memory budget; :class:`NotPerSample` if a block fails its
-    every-row check. ``warned``: the fallback warnings given in this call already (each is given once)."""
+    every-row check (none where ``rows_independent``). ``warned``: the fallback warnings given in this call already
+    (each is given once)."""
     implementation = plan.implementation
     if plan.fallback and implementation == "func":
         raise RuntimeError(f"implementation='func': {plan.fallback}; use implementation='loop' (per-sample autograd)"
@@ -392,7 +396,7 @@ def _compute(fn, model: nn.Module, plan: Plan, batch: Batch, batch2: Batch | Non
     for p in frozen:  # named in params although frozen: in the graph, as in the plan's dry runs (use counts)
         p.requires_grad_(True)
     try:
-        check = RowCheck(plan.tolerance, plan.check_tolerance, plan.reference)
+        check = RowCheck(plan.tolerance, plan.check_tolerance, plan.reference, proven=rows_independent)
         with quiet_functorch():
             result = _kernel(fn, model, plan, batch, batch2, output, chunk_size, max_memory, check)
         plan.reference = check.mode

@@ -10,6 +10,7 @@ from .gradcov import loss_outputs
 from .gram import Batch, Implementation, Output, batch_size, jacobian_gram, plan_for
 from .guard import detached, engine_call
 from .plan import Plan
+from .structure import rows_proven
 
 __all__ = ["ntk", "explain", "model_outputs"]
 
@@ -68,12 +69,15 @@ def ntk(
     The kernel has the device of the model's parameters and their dtype (promoted over the selected ones: float64 if
     any is). Forwards that draw random numbers or change the model's buffers, and BatchNorm in training mode, are
     refused (``ValueError``). The dry runs of :func:`explain` run once per model structure (the plan is cached);
-    every block is then checked on every row against its samples alone (about one training step on the block); a
-    block that fails (the model treats larger batches differently) sends every parameter to the exact path with a
+    every block is then checked on every row against its samples alone (about one training step on the block;
+    skipped where the model's structure proves the rows independent, :mod:`interference.structure`); a block that
+    fails (the model treats larger batches differently) sends every parameter to the exact path with a
     warning. The model is left as it was, and hooks on parameter tensors are ignored (see the paths page).
     """
+    proven = rows_proven(model, x) and (xt is None or rows_proven(model, xt))
     return jacobian_gram(lambda b: model_outputs(model, b), model, x, xt, params=params, output=output,
-                         implementation=implementation, chunk_size=chunk_size, max_memory=max_memory)
+                         implementation=implementation, chunk_size=chunk_size, max_memory=max_memory,
+                         rows_independent=proven)
 
 
 def explain(

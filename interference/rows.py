@@ -18,7 +18,8 @@ single samples, or, where ``vmap`` cannot run the model, one forward and one bac
 Rows are compared by fixed positive weighted sums (:func:`rows_flag`), the gradients for fixed positive output
 weights ``w``: a defect the check misses must be orthogonal to these weights. The cost is one vmapped forward and
 backward of the block (about one training step on it) and a few matrix-vector products; the result is one boolean
-on the device, read once per engine call.
+on the device, read once per engine call. Where the model's structure proves the rows independent
+(:mod:`interference.structure`) the check is skipped.
 """
 
 from __future__ import annotations
@@ -183,10 +184,11 @@ class RowCheck:
     """Accumulates the every-row checks of one engine call as device booleans; :meth:`failed` reads them once.
 
     ``mode`` is how the per-sample reference runs: ``"vmap"`` until ``vmap`` fails on the model, then ``"loop"``
-    (kept in the plan, so a cached plan does not try ``vmap`` again)."""
+    (kept in the plan, so a cached plan does not try ``vmap`` again). ``proven``: the rows are independent by the
+    model's structure (:mod:`interference.structure`), so :meth:`block` checks nothing."""
 
-    def __init__(self, tol: float, check_tol: float, mode: str = "vmap") -> None:
-        self.tol, self.check_tol, self.mode = tol, check_tol, mode
+    def __init__(self, tol: float, check_tol: float, mode: str = "vmap", proven: bool = False) -> None:
+        self.tol, self.check_tol, self.mode, self.proven = tol, check_tol, mode, proven
         self.flags: list[Tensor] = []
         self.labels: list[str] = []
 
@@ -197,6 +199,8 @@ class RowCheck:
     def block(self, fn: Callable[[Batch], Tensor], batch: Batch, out: Tensor, used: list[nn.Module],
               records: dict[nn.Module, list[Record]], grads: list[Tensor | None]) -> None:
         """Check a block's pass (``out`` (n, O), the modules' records and output gradients) on every row."""
+        if self.proven:
+            return
         n = out.shape[0]
         w = weights(out)
         probes = [records[m][0].probe for m in used]

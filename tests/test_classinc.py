@@ -100,22 +100,38 @@ def test_ewc_state_recursion(float64) -> None:
                 o += g.pow(2) / 5
         return out
 
-    with pytest.raises(RuntimeError, match="before_updates"):
+    def first_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        ewc.backward(model, batch, first=True)
+
+    with pytest.raises(RuntimeError, match="without a first backward"):
         ewc.after_updates()
     f1 = mean_sq_grads()
-    ewc.before_updates(model, batch)
+    first_backward()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1)
     ewc.after_updates()
     f2 = mean_sq_grads()
     moved = [p.detach().clone() for p in model.parameters()]
-    ewc.before_updates(model, batch)
+    first_backward()
     ewc.after_updates()
     for (k, p), a, b, m in zip(model.named_parameters(), f1, f2, moved):
         torch.testing.assert_close(ewc.fisher[k], 0.5 * a + b)  # F = gamma F_1 + F_2
         torch.testing.assert_close(ewc.anchor[k], m)  # the parameters before the latest (empty) update
-    assert float(ewc.penalty().detach()) == pytest.approx(0.0)
+    # the gradient put in .grad: autograd's of the mean cross-entropy plus the penalty, away from the anchor
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(0.05)
+    loss = F.cross_entropy(model(batch[0]), batch[1]) + ewc.lam / 2 * sum(
+        (ewc.fisher[k] * (p - ewc.anchor[k]) ** 2).sum() for k, p in model.named_parameters())
+    expected = torch.autograd.grad(loss, list(model.parameters()))
+    for update in (True, False):  # a batch's first update, and a later one
+        model.zero_grad(set_to_none=True)
+        got = ewc.backward(model, batch, first=update)
+        torch.testing.assert_close(got, F.cross_entropy(model(batch[0]), batch[1]).detach())
+        for p, e in zip(model.parameters(), expected):
+            torch.testing.assert_close(p.grad, e)
 
 
 class CountingArray:

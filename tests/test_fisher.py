@@ -72,19 +72,76 @@ MODELS = {
 }
 
 
+def reference_sums(model: nn.Module, batch) -> dict[str, torch.Tensor]:
+    """sum_n d loss_n / d theta by one float64 backward per sample."""
+    model = model.double()
+    x, y = batch
+    named = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    out = {k: torch.zeros_like(p) for k, p in named.items()}
+    for i in range(len(y)):
+        loss = _nll(model, (x[i:i + 1].double(), y[i:i + 1]))[0]
+        for (k, p), g in zip(named.items(), torch.autograd.grad(loss, list(named.values()), allow_unused=True)):
+            if g is not None:
+                out[k] += g
+    return out
+
+
+# _nll: every batch is checked row by row; interference.cross_entropy: the structure proves the Sequential ones
+LOSSES = {"own loss": _nll, "interference.cross_entropy": interference.cross_entropy}
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("implementation", ["auto", "exact"])
-def test_matches_per_sample_loop(name: str, implementation: str) -> None:
+def test_matches_per_sample_loop(name: str, implementation: str, loss: str) -> None:
     build, shape = MODELS[name]
     torch.manual_seed(0)
     model = build()
     batch = (torch.randn(9, *shape), torch.randint(0, 10, (9,)))
-    got = interference.squared_grad_sum(model, _nll, batch, implementation=implementation)
-    want = reference(model, batch)
-    assert set(got) == set(want)
+    got = interference.squared_grad_sum(model, LOSSES[loss], batch, implementation=implementation)
+    moments = interference.grad_moments(model, LOSSES[loss], batch, implementation=implementation)
+    losses = _nll(model, batch).detach()
+    want, sums = reference(model, batch), reference_sums(model, batch)  # (model in float64 from here)
+    assert set(got) == set(want) == set(moments.squares) == set(moments.grad)
     for k in want:
-        assert got[k].shape == want[k].shape
+        assert got[k].shape == want[k].shape == moments.grad[k].shape
         torch.testing.assert_close(got[k].double(), want[k], rtol=2e-4, atol=1e-9, msg=f"{name}: {k}")
+        torch.testing.assert_close(moments.squares[k].double(), want[k], rtol=2e-4, atol=1e-9, msg=f"{name}: {k}")
+        torch.testing.assert_close(moments.grad[k].double(), sums[k], rtol=2e-4, atol=2e-5,  # float32 sums
+                                   msg=f"{name}: {k}")
+    torch.testing.assert_close(moments.loss, losses)
+
+
+def test_a_structure_it_proves_skips_the_every_row_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The every-row check runs for a loss the engine does not know, and not for interference.cross_entropy on a
+    Sequential of ROWWISE layers; a Sequential with another module is still checked (and caught) with that loss."""
+    checked: list[int] = []
+    real = fisher.RowCheck.block
+
+    def spy(self, fn, batch, out, *args):
+        if not self.proven:
+            checked.append(out.shape[0])
+        return real(self, fn, batch, out, *args)
+
+    monkeypatch.setattr(fisher.RowCheck, "block", spy)
+    torch.manual_seed(4)
+    model = _cnn()
+    batch = (torch.randn(9, 1, 8, 8), torch.randint(0, 10, (9,)))
+    interference.grad_moments(model, _nll, batch)
+    assert checked == [9]
+    interference.grad_moments(model, interference.cross_entropy, batch)
+    assert checked == [9]
+    coupled = nn.Sequential(nn.Linear(10, 6), FlipFromFive(), nn.Tanh(), nn.Linear(6, 10))
+    with pytest.warns(UserWarning, match="not a per-sample function"):
+        interference.squared_grad_sum(coupled, interference.cross_entropy, (torch.randn(9, 10), batch[1]))
+    assert checked == [9, 9]
+
+
+class FlipFromFive(nn.Module):
+    """Reverses the rows of a batch of five or more: unknown to the structural proof, so every row is checked."""
+
+    def forward(self, x):
+        return x.flip(0) if x.shape[0] >= 5 else x
 
 
 def test_linear_layers_never_form_per_sample_gradients(monkeypatch: pytest.MonkeyPatch) -> None:

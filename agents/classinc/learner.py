@@ -16,8 +16,9 @@ Streaming EWC (:class:`StreamingEWC`): Online EWC with every mini-batch as a tas
 the diagonal empirical Fisher of the batch, ``F_t = mean_n (d log p(y_n | x_n) / d theta)^2``, is taken at the current
 parameters; every update minimises the mean cross-entropy plus ``lambda/2 sum F (theta - theta*)^2``; after the
 batch's updates ``F <- gamma F + F_t`` and the anchor ``theta*`` becomes the parameters before this latest update
-(those ``F_t`` was taken at). Squared per-sample gradients are summed layer by layer
-(:func:`interference.squared_grad_sum`), never materialised for Linear layers.
+(those ``F_t`` was taken at). ``F_t`` comes from the batch's first update's own forward and backward
+(:func:`interference.grad_moments`: the summed gradient and the summed squared per-sample gradients, layer by layer,
+never materialised for Linear layers); the penalty's gradient ``lambda F (theta - theta*)`` is added to it directly.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from agents.allocator import retain_freed_memory
-from interference import activation_spec, mlp, squared_grad_sum
+from interference import activation_spec, cross_entropy, grad_moments, mlp
 
 from .data import Dataset, seen_mask, stream_indices, task_classes
 
-__all__ = ["ClassIncConfig", "MODELS", "build_model", "StreamingEWC", "nll", "accuracy", "Progress", "train_class_inc"]
+__all__ = ["ClassIncConfig", "MODELS", "build_model", "StreamingEWC", "optimizer", "update", "nll", "accuracy", "Progress", "train_class_inc"]
 
 #: the model families: an MLP, or one convolution + ReLU + 2x2 max-pool before it
 MODELS = ("mlp", "cnn")
@@ -93,10 +93,9 @@ def build_model(cfg: ClassIncConfig, input_shape: Sequence[int], n_classes: int,
     return nn.Sequential(*layers, nn.Flatten(), *head)
 
 
-def nll(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
-    """Per-sample cross-entropy ``-log p(y_n | x_n)`` ``(n,)``."""
-    x, y = batch
-    return F.cross_entropy(model(x), y, reduction="none")
+#: per-sample cross-entropy ``-log p(y_n | x_n)`` ``(n,)`` of ``(x, y)``; the engine proves it per-sample with these
+#: models, so Streaming EWC's squared gradients need no every-row check
+nll = cross_entropy
 
 
 def accuracy(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000) -> float:
@@ -111,7 +110,7 @@ def accuracy(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000) -> float
 
 
 class StreamingEWC:
-    """Streaming EWC's state and penalty for one model (see the module docstring).
+    """Streaming EWC's state and gradient for one model (see the module docstring).
 
     ``fisher`` and ``anchor`` hold one tensor per trainable parameter (by name); ``fisher`` starts at zero.
     """
@@ -121,28 +120,63 @@ class StreamingEWC:
         self.params = {k: p for k, p in model.named_parameters() if p.requires_grad}
         self.fisher = {k: torch.zeros_like(p) for k, p in self.params.items()}
         self.anchor = {k: p.detach().clone() for k, p in self.params.items()}
-        self._pending: tuple[dict[str, Tensor], dict[str, Tensor]] | None = None
+        self._pending: tuple[dict[str, Tensor], dict[str, Tensor]] | None = None  # sum_n g_n^2, theta: at the first
+        self._n = 1  # update's batch (of n samples)
 
-    def penalty(self) -> Tensor:
-        """``lambda/2 sum F (theta - theta*)^2`` (a scalar with gradient)."""
-        return 0.5 * self.lam * sum(((p - self.anchor[k]).pow(2) * self.fisher[k]).sum()
-                                    for k, p in self.params.items())
-
-    def before_updates(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> None:
-        """Take ``F_t`` (the batch's mean squared per-sample gradient) and ``theta`` now, before the batch's updates."""
-        n = len(batch[1])
-        sums = squared_grad_sum(model, nll, batch, params=list(self.params))
-        self._pending = ({k: s / n for k, s in sums.items()},
-                         {k: p.detach().clone() for k, p in self.params.items()})
+    def backward(self, model: nn.Module, batch: tuple[Tensor, Tensor], first: bool) -> Tensor:
+        """Put one update's gradient in the parameters' ``.grad`` (which must be ``None``): the mean cross-entropy's
+        plus the penalty's ``lambda F (theta - theta*)``. ``first`` (the batch's first update) also takes ``F_t``
+        and ``theta`` there, from the same forward and backward (:func:`interference.grad_moments`). Returns the
+        mean cross-entropy (0-d, no graph)."""
+        if first:
+            n = self._n = len(batch[1])
+            moments = grad_moments(model, nll, batch, params=list(self.params))
+            for k, p in self.params.items():
+                p.grad = moments.grad[k].div_(n)
+            self._pending = (moments.squares, {k: p.detach().clone() for k, p in self.params.items()})
+            loss = moments.loss.mean()
+        else:
+            loss = nll(model, batch).mean()
+            loss.backward()
+        grads, fisher = [p.grad for p in self.params.values()], list(self.fisher.values())
+        with torch.no_grad():
+            torch._foreach_addcmul_(grads, fisher, list(self.params.values()), value=self.lam)
+            torch._foreach_addcmul_(grads, fisher, list(self.anchor.values()), value=-self.lam)
+        return loss.detach()
 
     def after_updates(self) -> None:
         """``F <- gamma F + F_t``; the anchor becomes the parameters before the batch's updates."""
         if self._pending is None:
-            raise RuntimeError("StreamingEWC.after_updates without before_updates")
-        fisher_t, before = self._pending
-        for k in self.fisher:
-            self.fisher[k].mul_(self.gamma).add_(fisher_t[k])
+            raise RuntimeError("StreamingEWC.after_updates without a first backward")
+        squares, before = self._pending
+        fisher = list(self.fisher.values())
+        torch._foreach_mul_(fisher, self.gamma)
+        torch._foreach_add_(fisher, [squares[k] for k in self.fisher], alpha=1 / self._n)
         self.anchor, self._pending = before, None
+
+
+def optimizer(model: nn.Module, cfg: ClassIncConfig) -> torch.optim.Optimizer:
+    """The authors' optimiser: RMSprop with ``cfg.lr``, squared-gradient decay 0.999 and eps 1e-8."""
+    return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=0.999, eps=1e-8)
+
+
+def update(model: nn.Module, opt: torch.optim.Optimizer, ewc: StreamingEWC | None, batch: tuple[Tensor, Tensor],
+           updates: int) -> float:
+    """The ``updates`` optimisation steps on one mini-batch (with Streaming EWC if ``ewc``); the mean cross-entropy
+    at the first."""
+    first = float("nan")
+    for e in range(updates):
+        opt.zero_grad(set_to_none=True)
+        if ewc is not None:
+            loss = ewc.backward(model, batch, first=e == 0)
+        else:
+            loss = nll(model, batch).mean()
+            loss.backward()
+        first = float(loss.detach()) if e == 0 else first
+        opt.step()
+    if ewc is not None:
+        ewc.after_updates()
+    return first
 
 
 @dataclass
@@ -177,22 +211,12 @@ def train_class_inc(cfg: ClassIncConfig, data: Dataset, seed: int, on_batch: Cal
     per_task = stream_indices(data.y_train, tasks, seed)
     batches = [(k, ix[i:i + cfg.batch_size]) for k, ix in enumerate(per_task) for i in range(0, len(ix), cfg.batch_size)]
     model = build_model(cfg, data.input_shape, data.n_classes, seed).to(device)
-    opt = torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=0.999, eps=1e-8)
+    opt = optimizer(model, cfg)
     ewc = StreamingEWC(model, cfg.ewc_lambda, cfg.ewc_gamma) if cfg.ewc_lambda > 0 else None
     samples = 0
     for b, (task, idx) in enumerate(batches, 1):
         batch = (_tensor(data.x_train, idx, device), _tensor(data.y_train, idx, device))
-        if ewc is not None:
-            ewc.before_updates(model, batch)
-        first = float("nan")
-        for e in range(cfg.updates):
-            opt.zero_grad(set_to_none=True)
-            loss = nll(model, batch).mean()
-            first = float(loss.detach()) if e == 0 else first
-            (loss + ewc.penalty() if ewc is not None else loss).backward()
-            opt.step()
-        if ewc is not None:
-            ewc.after_updates()
+        first = update(model, opt, ewc, batch, cfg.updates)
         samples += len(idx)
         task_end = b == len(batches) or batches[b][0] != task
         on_batch(Progress(b, samples, task, task_end, idx, cfg.updates, first), model)
