@@ -66,7 +66,7 @@ import yaml
 from tqdm import tqdm
 
 from probes.plugins import PluginError, load_plugins
-from probes.runlog import RunLogWriteError
+from runlog import RunLogWriteError
 
 from .commands import ConfigError, RunWriteError, commands, comparable_config, get_command, read_yaml
 from .population import MEMBER_KEYS

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from interference.demo import sparsity_table
-from probes import Run, find_runs, read_run
+from runlog import Run, find_runs, read_run
 from reports import data as run_data
 from reports.build import report_parts
 from reports.html import Part, Table, write_index

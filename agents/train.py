@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from probes.plugins import PluginError, load_plugins
-from probes.runlog import RunLogWriteError
+from runlog import RunLogWriteError
 
 from .commands import ConfigError, RunWriteError, commands, get_command
 from .runlock import RunFolderBusy, run_lock

@@ -18,8 +18,8 @@ from interference.plasticity import (effective_rank, feature_norm, interference_
 from interference.sparsity import dormant_units, representation_sparsity, saturated_units
 
 from .probe import Probe, ProbeContext
-from .runlog import Field
-from .schema import FieldDoc, ProbeSchema
+from runlog import Field
+from runlog.schema import FieldDoc, ProbeSchema
 
 LINEAR = (nn.Linear, NoisyLinear)  # what counts as a linear layer (a noisy layer's weight: its mean weight)
 
@@ -465,7 +465,7 @@ PROBES: dict[str, type[Probe]] = {p.name: p for p in (GradCovProbe, NTKProbe, Ou
 
 def register_probe(cls: type[Probe], *, replace: bool = False) -> type[Probe]:
     """Make probe class ``cls`` available by its ``name`` to every CLI (``--probe NAME``); usable as a class
-    decorator in a plugin module. ``cls`` should declare a :class:`~probes.schema.ProbeSchema` for reports."""
+    decorator in a plugin module. ``cls`` should declare a :class:`~runlog.ProbeSchema` for reports."""
     if not (isinstance(cls, type) and issubclass(cls, Probe)) or cls.name == Probe.name:
         raise ValueError(f"register_probe takes a Probe subclass with its own name, got {cls!r}")
     if cls.name in PROBES and PROBES[cls.name] is not cls and not replace:

@@ -20,6 +20,8 @@ import importlib
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 
+from runlog.provenance import report_plugins
+
 __all__ = ["ENTRY_POINT_GROUP", "PluginError", "load_plugins", "loaded_plugins"]
 
 ENTRY_POINT_GROUP = "interference.plugins"
@@ -54,3 +56,6 @@ def load_plugins(modules: Iterable[str] = (), *, entry_point_plugins: bool = Tru
 def loaded_plugins() -> dict[str, str]:
     """Plugin modules loaded in this process, with their files (recorded in run logs' provenance)."""
     return dict(_LOADED)
+
+
+report_plugins(loaded_plugins)

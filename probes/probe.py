@@ -1,6 +1,6 @@
 """The probe API: what a probe declares, when it runs, and what it computes from.
 
-A probe has a name, a schema (what its fields mean, :mod:`probes.schema`), a cadence (``every`` N steps and/or chosen steps ``at``), declares its fields (dataset
+A probe has a name, a schema (what its fields mean, :mod:`runlog.schema`), a cadence (``every`` N steps and/or chosen steps ``at``), declares its fields (dataset
 names, per-record shapes, dtypes) before the run starts, and computes one record from a :class:`ProbeContext`.
 :meth:`Probe.on_step` does the bookkeeping; subclasses implement :meth:`Probe.fields` and :meth:`Probe.compute`.
 """
@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from interference.gradcov import LossFn
 from interference.gram import Batch
 
-from .runlog import Field, RunLog
-from .schema import ProbeSchema
+from runlog import Field, RunLog
+from runlog.schema import ProbeSchema
 
 __all__ = ["ProbeContext", "Probe"]
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from .probe import Probe, ProbeContext
-from .runlog import Field, RunLog
-from .schema import FieldDoc, ProbeSchema
+from runlog import Field, RunLog
+from runlog.schema import FieldDoc, ProbeSchema
 
 __all__ = ["ProbeRunner", "frozen_noise", "INPUTS"]
 
@@ -43,7 +43,7 @@ INPUTS_SCHEMA = ProbeSchema("Probe inputs", {"x": FieldDoc("the fixed probe inpu
 
 
 class ProbeRunner:
-    """Owns a run's probes and its :class:`~probes.runlog.RunLog`.
+    """Owns a run's probes and its :class:`~runlog.RunLog`.
 
     Args:
         probes: the probes to run.

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .probe import Probe, ProbeContext
-from .runlog import END, RunLogWriteError
+from runlog import END, RunLogWriteError
 from .runner import ProbeRunner
 
 __all__ = ["ProbeCallback", "probe_context", "dqn_context", "ppo_context", "sac_context"]
@@ -196,7 +196,7 @@ class ProbeCallback(BaseCallback):
         loss_every: env steps between records of SB3's losses and learning rate: the first update at or after
             each multiple (default: the first update at or after each probe round). The last update is always
             recorded.
-        end_status: called when training ends, one of :data:`probes.runlog.RUN_END`, written as the ``run_end``
+        end_status: called when training ends, one of :data:`runlog.RUN_END`, written as the ``run_end``
             scalar (default: ``"finished"`` if the run reached its ``total_timesteps``, else ``"interrupted"``).
         context: builds the algorithm's probe context (model, per-sample losses, sampler); default: the adapter
             of SB3's DQN, PPO or SAC (:func:`probe_context`).
@@ -342,7 +342,7 @@ class ProbeCallback(BaseCallback):
 
     def finish(self, end: bool | str = True) -> None:
         """Write the last update's scalars and the ``run_end`` record (``end``: True, the status ``end_status``
-        gives; False, none, e.g. after a crash; a status of :data:`probes.runlog.RUN_END`, only that record, e.g.
+        gives; False, none, e.g. after a crash; a status of :data:`runlog.RUN_END`, only that record, e.g.
         ``"write_error"`` after a failed write, if the disk still takes it), then close the log (once; also for a
         ``learn`` that raised, which skips ``on_training_end``)."""
         if self.runner is not None:

@@ -1,6 +1,6 @@
-"""Reports: run logs (HDF5, see :mod:`probes.runlog`) in, figures and an ``index.html`` out.
+"""Reports: run logs (HDF5, see :mod:`runlog`) in, figures and an ``index.html`` out.
 
-:mod:`reports.data` turns :class:`~probes.runlog.Run` objects into numpy arrays (no plotting);
+:mod:`reports.data` turns :class:`~runlog.Run` objects into numpy arrays (no plotting);
 :mod:`reports.plots` draws them with matplotlib; :mod:`reports.html` writes the page;
 :func:`reports.build.build_report` does all of it, as does ``python -m reports RUN.h5 ... -o OUT/``.
 """

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from probes.runlog import RunLogError
+from runlog import RunLogError
 
 from .build import build_report
 from .cli import OutputDirError, load_runs, output_dir, steps_arg

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probes.runlog import Run
+from runlog import Run
 
 from .cli import open_study, publish_study
 from .data import (Curve, config_key, finished, format_mean_sem, gradcov_losses, learning_curve, mean_sem,

@@ -1,7 +1,7 @@
 """The whole report: every figure the run logs have data for, as PNGs, plus ``index.html``.
 
 Hand-made sections (learning curves, gradient covariance, NTK) come first; every other probe field (sparsity,
-weights and Elephant's h and a, a plugin's probes) is plotted as its schema (:mod:`probes.schema`, stored in the
+weights and Elephant's h and a, a plugin's probes) is plotted as its schema (:mod:`runlog.schema`, stored in the
 run log) says (:mod:`reports.fields`), with no edit here.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import END, Run
+from runlog import END, Run
 
 from . import data, plots
 from .fields import one_seed, probe_figures, slug

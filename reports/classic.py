@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run, RunLogError
+from runlog import Run, RunLogError
 
 from .cli import OutputDirError, load_runs, publish_study, study_inputs, study_parser, warn
 from .data import config_key, config_labels, final_return, finished, format_mean_sem, mean_sem, run_end, training_length

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from probes.logcheck import check_logs
-from probes.runlog import Run, RunLogError, find_runs, read_run
+from runlog import check_logs
+from runlog import Run, RunLogError, find_runs, read_run
 
 __all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "study_parser", "study_inputs", "open_study",
            "publish_study", "warn"]
@@ -28,9 +28,9 @@ def warn(message: str) -> None:
 
 
 def _read(path: str) -> Run:
-    """`read_run`, with every failure a RunLogError whose message starts with `path`."""
+    """`read_run` of a file `check_logs` passed, with every failure a RunLogError whose message starts with `path`."""
     try:
-        return read_run(path)
+        return read_run(path, timeout_s=None)
     except RunLogError as err:
         raise RunLogError(str(err) if path in str(err) else f"{path}: {err}") from err
     except OSError as err:
@@ -40,10 +40,11 @@ def _read(path: str) -> Run:
 def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
     """Every run log in `paths` (files, or directories searched recursively), each once.
 
-    Every file is first read completely in a child process (:func:`probes.logcheck.check_logs`, 5 s per file), so
+    Every file is first read completely in a child process (:func:`runlog.check_logs`, 5 s per file), so
     a corrupt file cannot hang or crash the report. A run log found in a directory that cannot be read is skipped
-    with a warning on stderr naming it and the reason. Raises RunLogError naming the path for a missing path, a directory without ``*.h5`` files, a file
-    named in `paths` that is not a readable run log, or when no run log at all is readable.
+    with a warning on stderr naming it and the reason. Raises RunLogError naming the path for a missing path, a
+    directory without ``*.h5`` files, a file named in `paths` that is not a readable run log, or when no run log at
+    all is readable.
     """
     named: dict[str, bool] = {}  # real path -> named in `paths` (not only found in a directory)
     for arg in paths:

@@ -1,6 +1,6 @@
 """Arrays out of run logs: grouping, learning curves, probe series, record selection.
 
-Pure numpy on :class:`probes.runlog.Run` objects, no plotting, so the arrays can go to pandas, rliable, ...
+Pure numpy on :class:`runlog.Run` objects, no plotting, so the arrays can go to pandas, rliable, ...
 Steps are the learner's step counter (env steps for RL, samples seen for streaming learners). Functions whose
 data may be missing from a run log return ``None`` (or leave it out) instead of raising.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.runlog import END, RUN_END, Run
-from probes.schema import FieldDoc, ProbeSchema, default_doc
+from runlog import END, RUN_END, Run
+from runlog.schema import FieldDoc, ProbeSchema, default_doc
 
 from .labels import layer_labels, parameter_labels
 
@@ -383,7 +383,7 @@ def training_length(run: Run) -> int:
 
 
 def run_end(run: Run) -> str | None:
-    """How the run ended (one of :data:`probes.runlog.RUN_END`: ``"finished"``, ``"interrupted"``, ``"nan"``), from
+    """How the run ended (one of :data:`runlog.RUN_END`: ``"finished"``, ``"interrupted"``, ``"nan"``), from
     its ``run_end`` scalar; None for a log without one (still running, killed, or written by another tool)."""
     steps, values = run.scalars.get("run_end", ((), ()))
     return RUN_END[int(values[-1])] if len(values) else None

@@ -1,4 +1,4 @@
-"""Figures of probe fields from their schemas (:mod:`probes.schema`), for any probe, a plugin's included.
+"""Figures of probe fields from their schemas (:mod:`runlog.schema`), for any probe, a plugin's included.
 
 Per probe, the fields are plotted as their docs say: ``curve`` fields one figure each (mean over seeds, shaded
 standard error, a line per configuration); ``per_layer`` fields of one probe that share their entry names and units
@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run
-from probes.schema import FieldDoc
+from runlog import Run
+from runlog.schema import FieldDoc
 
 from . import data, plots
 from .labels import mean_se_over, seeds, step_label, with_units

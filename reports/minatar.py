@@ -28,7 +28,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run
+from runlog import Run
 
 from .cli import open_study, publish_study, warn
 from .data import config_key, final_return, finished, format_mean_sem, learning_curve, summary_mean

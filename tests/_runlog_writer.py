@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes.runlog import Field, RunLog  # noqa: E402
+from runlog import Field, RunLog  # noqa: E402
 
 PROBES = {"weights": {"matrix": Field((32, 32)), "loss": Field(())}}
 
@@ -39,7 +39,7 @@ def left_open_with_a_bad_header(path: str | os.PathLike) -> None:
     """A new run log at ``path`` (replacing any file there) whose writer died with it open (its superblock marks it
     open for write), with one byte of the root group's object header flipped (its checksum fails: HDF5's SWMR
     reader retries for minutes)."""
-    code = ("import os, sys; from probes.runlog import RunLog; "
+    code = ("import os, sys; from runlog import RunLog; "
             "log = RunLog(sys.argv[1], config={}, seed=0, probes={}, overwrite=True); os._exit(0)")
     subprocess.run([sys.executable, "-c", code, os.fspath(path)], check=True,
                    cwd=Path(__file__).resolve().parents[1])

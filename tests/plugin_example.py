@@ -13,7 +13,8 @@ from torch import nn
 from agents.algorithm import Algorithm
 from agents.commands import register_command
 from interference import ActArg, ActivationSpec, register_activation
-from probes import Field, FieldDoc, Probe, ProbeContext, ProbeRunner, ProbeSchema, register_probe
+from probes import Probe, ProbeContext, ProbeRunner, register_probe
+from runlog import Field, FieldDoc, ProbeSchema
 
 
 class ScaledCReLU(nn.Module):

@@ -24,7 +24,7 @@ from agents.rl.config import probe_arguments, resolve
 from agents.rl.envs import make_env
 from agents.rl.frame_buffer import FrameReplayBuffer
 from agents.rl.run import build_env, build_eval_env
-from probes import read_run
+from runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from agents.classinc.data import Dataset
 from agents.classinc.learner import ClassIncConfig, Progress, StreamingEWC, build_model, train_class_inc
-from probes.runlog import read_run
+from runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agents.train import EXIT_BUSY
-from probes import read_run
-from probes.runlog import RunLogError
+from runlog import read_run
+from runlog import RunLogError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -107,10 +107,71 @@ def test_a_format_1_log_stays_readable():
     assert list(run.scalars["episode_return"][1]) == [-100.0, -99.0, -98.0, -97.0, -96.0]
 
 
+def test_a_format_2_log_stays_readable_and_resumable(tmp_path):
+    """tests/data/runlog_v2.h5 was written by the code of commit b0c1e2c (format_version 2, no attribute digest):
+    read as it is, and resumed (which adds the digest; the version stays 2)."""
+    import shutil
+
+    import numpy as np
+
+    from runlog import Field, RunLog
+
+    run = read_run(ROOT / "tests" / "data" / "runlog_v2.h5")
+    assert run.attrs["format_version"] == 2 and run.config == {"algo": "dqn", "lr": 0.001}
+    assert list(run.probes["sparsity"]["step"]) == [0, 10, 20, 30, 40]
+    path = tmp_path / "run.h5"
+    shutil.copy(ROOT / "tests" / "data" / "runlog_v2.h5", path)
+    with RunLog(path, config={"algo": "dqn", "lr": 0.001}, seed=0, probes={"sparsity": {"dormant": Field((3,))}},
+                scalars=("episode_return",)) as log:
+        log.append("sparsity", 50, dormant=np.ones(3))
+    resumed = read_run(path)
+    assert resumed.attrs["format_version"] == 2 and len(resumed.attrs["resumes"]) == 1
+    assert list(resumed.probes["sparsity"]["step"]) == [0, 10, 20, 30, 40, 50]
+
+
+@pytest.mark.parametrize("change", [(b'"lr": 0.001', b'"lr": 0.009'), (b'"algo": "dqn"', b'"algo": "dqm"'),
+                                    (b'"act": "elephant"', b'"act": "elephanu"')])
+def test_a_changed_byte_in_the_attributes_is_refused(tmp_path, capsys, change):
+    """One changed character of the stored config (the chunks' Fletcher-32 sums do not cover attributes) is refused
+    by the attributes' digest: by read_run, by the reports' check, and by a resume."""
+    from reports.cli import load_runs
+    from runlog import RunLog, RunLogError, check_logs
+
+    path = tmp_path / "run.h5"
+    _small_log(path)
+    data = path.read_bytes()
+    old, new = change
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    with pytest.raises(RunLogError, match="do not match their digest"):
+        read_run(path)
+    assert "digest" in check_logs([path])[str(path)]
+    with pytest.raises(RunLogError, match="digest"):
+        load_runs([path])
+    with pytest.raises(RunLogError, match="digest"):
+        RunLog(path, config={}, seed=0, probes={})
+
+
+def test_every_public_read_is_bounded_in_time(tmp_path, monkeypatch):
+    """A file whose reading never ends (HDF5 can loop on corrupt metadata; here the checking child is made to hang
+    once it is ready) is refused after the timeout by read_run and read_log_id, naming it."""
+    from runlog import RunLogError, bounded, read_log_id
+
+    path = tmp_path / "run.h5"
+    _small_log(path)
+    monkeypatch.setattr(bounded, "_CHILD", "import json, time; print(json.dumps({'ready': True}), flush=True); "
+                                           "time.sleep(600)")
+    for read in (read_run, read_log_id):
+        start = time.monotonic()
+        with pytest.raises(RunLogError, match=r"run.h5: reading it did not finish within 1 s"):
+            read(path, timeout_s=1.0)
+        assert time.monotonic() - start < 20
+
+
 def _small_log(path: Path) -> None:
     import numpy as np
 
-    from probes import Field, RunLog
+    from runlog import Field, RunLog
 
     with RunLog(path, config={"algo": "dqn", "lr": 0.001, "act": "elephant"}, seed=0,
                 probes={"gradcov": {"td": Field((8, 8))}, "sparsity": {"dormant": Field((3,))}},
@@ -139,7 +200,7 @@ def test_corrupt_logs_are_rejected_or_read_correctly_within_seconds(tmp_path):
     child process; HDF5 can loop on corrupt metadata). Reading never returns garbage."""
     import numpy as np
 
-    from probes.logcheck import check_logs
+    from runlog import check_logs
 
     good = tmp_path / "good.h5"
     _small_log(good)
@@ -164,7 +225,7 @@ def test_corrupt_logs_are_rejected_or_read_correctly_within_seconds(tmp_path):
     garbage = []
     for path in corpus:
         if verdicts[str(path)] is None:
-            if not _same(read_run(path), original):
+            if not _same(read_run(path, timeout_s=None), original):  # (checked just above)
                 garbage.append(path.name)
     assert not garbage, f"read as valid but different from the original: {garbage}"
     assert sum(v is not None for v in verdicts.values()) >= len(corpus) // 4  # most damage is detected, not absent
@@ -228,7 +289,7 @@ def test_a_write_error_in_hdf5_stops_the_run_visibly(tmp_path):
 
 def test_the_log_of_a_killed_run_passes_the_check_and_reaches_reports(tmp_path):
     """A SIGKILLed writer leaves its SWMR flag set: a plain read refuses the file, the check retries in SWMR mode."""
-    from probes.logcheck import check_logs
+    from runlog import check_logs
     from reports.cli import load_runs
 
     proc = _train(tmp_path, 10**7)
@@ -250,7 +311,7 @@ def test_the_log_of_a_killed_run_passes_the_check_and_reaches_reports(tmp_path):
 
 def test_the_check_never_blames_a_file_for_the_next_ones_time():
     """Two results arriving in one pipe read, then a slow file: both results count (a buffered line is not lost)."""
-    from probes.logcheck import _collect
+    from runlog.bounded import _collect
 
     code = ("import json, time; print(json.dumps({'ready': True}) + '\\n' + json.dumps({'path': 'a', 'error': None})"
             " + '\\n' + json.dumps({'path': 'b', 'error': None}), flush=True); time.sleep(10)")
@@ -345,7 +406,7 @@ def _complete_records(log: Path) -> dict:
 ])
 def test_enospc_and_eio_in_hdf5s_own_writes_stop_the_run_visibly(tmp_path, failwrite, errno, mode, words, end):
     from agents.train import EXIT_IO
-    from probes.runlog import RUN_END
+    from runlog import RUN_END
 
     proc = _dqn_with_failing_disk(tmp_path, failwrite, "run.h5", errno, mode, 400_000)
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
@@ -358,7 +419,7 @@ def test_enospc_and_eio_in_hdf5s_own_writes_stop_the_run_visibly(tmp_path, failw
 
 def test_a_full_disk_while_checkpointing_stops_the_run_and_the_log_says_why(tmp_path, failwrite):
     from agents.train import EXIT_IO
-    from probes.runlog import RUN_END
+    from runlog import RUN_END
 
     proc = _dqn_with_failing_disk(tmp_path, failwrite, "checkpoint.pkl", 28, "full", 0, "--checkpoint-every", "500")
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
@@ -436,7 +497,7 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
     from agents.population.engine import Member, Population
     from agents.population.run import member_configs
     from agents.train import EXIT_IO
-    from probes.runlog import RUN_END
+    from runlog import RUN_END
     from reports.data import finished
 
     members = [Member(s, 1e-3, 10_000) for s in range(3)]

@@ -31,7 +31,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from agents.grid import load_grid, main, plan, tasks  # noqa: E402
-from probes import read_run  # noqa: E402
+from runlog import read_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 #: two DQN runs of 1000 steps, a checkpoint every 200 (about 2 s each)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from agents.grid import GridRun, expand, load_grid, main, plan, run_task
-from probes import read_run
+from runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 #: DQN on CartPole with a small net; a grid appends its own settings
@@ -90,7 +90,7 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
     proc = _grid(grid, out, "--workers", "2")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
-    message = f"{failed}: probes.runlog.RunLogWriteError: {failed / 'seed0' / 'run.h5'}: cannot create the run log " \
+    message = f"{failed}: runlog.format.RunLogWriteError: {failed / 'seed0' / 'run.h5'}: cannot create the run log " \
               "(Is a directory)"
     assert f"run failed: {message}" in err and f"(traceback in {failed / 'ERROR.txt'})" in err
     assert f"grid done: 2 finished, 1 failed, 0 interrupted, 0 not started\nfailed runs:\n  {message}" in err

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from probes import read_run
+from runlog import read_run
 from reports.build import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_toy_algorithm_through_the_cli_the_grid_runner_and_a_report(tmp_path):
 def test_report_reads_the_schema_from_the_log_not_the_registry(tmp_path):
     """A run log's stored schema is what the report shows, in a process that never imported the plugin."""
     _run("agents.train", "--import", "plugin_example", "toy", "--steps", "20", "--out", str(tmp_path / "runs"))
-    code = ("import sys; from probes import read_run, find_runs; from reports.data import probe_schema; "
+    code = ("import sys; from runlog import read_run, find_runs; from reports.data import probe_schema; "
             "r = read_run(find_runs(sys.argv[1])[0]); print(probe_schema(r, 'mean_abs_output').title); "
             "print('plugin_example' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], cwd=ROOT, capture_output=True,

@@ -265,7 +265,7 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
 
     from agents.commands import get_command
     from agents.population.run import member_configs
-    from probes import read_run
+    from runlog import read_run
     from reports.data import finished
 
     root = Path(__file__).resolve().parents[1]
@@ -312,8 +312,8 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     import time
     from pathlib import Path
 
-    from probes import read_run
-    from probes.failpoints import ENV as KILL_AT
+    from runlog import read_run
+    from runlog.failpoints import ENV as KILL_AT
 
     root = Path(__file__).resolve().parents[1]
     args = [sys.executable, "-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
@@ -364,7 +364,7 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     members all diverged stops."""
     from agents.commands import ConfigError, get_command
     from agents.population.run import _checkpoint_path, member_configs, train_population
-    from probes import read_run
+    from runlog import read_run
 
     values = {"env": "Acrobot-v1", "act": "fta", "n_timesteps": 600, "set": ["learning_starts=100"]}
     wild = Member(seed=0, learning_rate=1e30, buffer_size=64)  # its squared TD errors overflow float32
@@ -505,7 +505,7 @@ def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(
     seed 1's log), seed 1's folder keeps the checkpointed population's log and config, which then resumes there;
     the logs opened before the kill are closed."""
     from agents.population import run
-    from probes.runlog import RunLog
+    from runlog import RunLog
 
     values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
@@ -544,7 +544,7 @@ def test_a_members_list_without_log_ids_falls_back_to_file_times(tmp_path):
 
     from _runlog_writer import left_open_with_a_bad_header
     from agents.population import record_members, restarted_since
-    from probes.runlog import RunLog
+    from runlog import RunLog
 
     checkpoint, dirs = tmp_path / "populations" / "k.pkl", [tmp_path / "dqn" / f"seed{s}" for s in (0, 1)]
     checkpoint.parent.mkdir()

@@ -5,7 +5,8 @@ from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from interference import mlp
-from probes import NTKProbe, ProbeContext, ProbeRunner, make_probe, read_run
+from probes import NTKProbe, ProbeContext, ProbeRunner, make_probe
+from runlog import read_run
 from probes.runner import frozen_noise
 from probes.sb3 import ProbeCallback
 
@@ -158,7 +159,8 @@ def test_dqn_training_scalars_are_stamped_with_their_update(tmp_path):
 
 
 def test_probe_schemas_match_fields_by_name_then_pattern_and_round_trip():
-    from probes import PROBES, FieldDoc, ProbeSchema
+    from probes import PROBES
+    from runlog import FieldDoc, ProbeSchema
 
     gradcov = PROBES["gradcov"].schema
     assert gradcov.doc("td_offdiag_mean").plot == "curve" and gradcov.doc("actor").plot == "heatmap"

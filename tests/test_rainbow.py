@@ -265,7 +265,7 @@ def _run(tmp_path, env="CartPole-v1", steps=600, **flags):
 
 
 def test_rainbow_runs_probed_and_with_everything_off(tmp_path):
-    from probes import read_run
+    from runlog import read_run
 
     config, run_dir, summary = _run(tmp_path, learning_starts=100, hidden=16)
     assert summary["status"] == "finished"

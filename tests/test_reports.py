@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from probes.runlog import Field, RunLog, read_run
+from runlog import Field, RunLog, read_run
 from probes import SparsityProbe
 from reports import data, plots
 from reports.__main__ import main

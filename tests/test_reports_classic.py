@@ -8,8 +8,7 @@ import pytest
 import scipy.stats
 import yaml
 
-from probes import RunLog, read_run
-from probes.runlog import RUN_END
+from runlog import RUN_END, RunLog, read_run
 from reports.classic import (_search_notes, aggregates, authors_comparison, classic_table, main, normalise,
                              performance_profiles, reference_data, score_matrices)
 

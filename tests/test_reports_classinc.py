@@ -1,7 +1,7 @@
 """Tests of reports.classinc (the class-incremental tables tb:mnist/tb:cifar, accuracy curves, accuracy matrices,
 forgetting and probes between tasks) on synthetic class-inc run logs with known values.
 
-The logs are written with probes.runlog.RunLog in the layout ``python -m agents.train class-inc`` uses, so the
+The logs are written with runlog.RunLog in the layout ``python -m agents.train class-inc`` uses, so the
 tests need neither the learner nor a dataset.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from probes.runlog import Field, RunLog, find_runs, read_run
+from runlog import Field, RunLog, find_runs, read_run
 from reports import classinc
 
 TASKS = [[0, 1], [2, 3], [4, 5]]

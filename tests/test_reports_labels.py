@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probes import PROBES, FieldDoc, ProbeSchema
-from probes.runlog import Field, RunLog, read_run
+from probes import PROBES
+from runlog import FieldDoc, ProbeSchema
+from runlog import Field, RunLog, read_run
 from reports import build, data, fields, plots
 from reports.__main__ import main
 from reports.labels import layer_labels, mean_se_over, parameter_labels, seeds, with_units

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from agents.commands import get_command
-from probes import read_run
+from runlog import read_run
 from reports.build import build_report
 from reports.data import MAX_LABEL, partition, short_labels
 from reports.plots import group_colors, heatmap_scale
@@ -150,7 +150,7 @@ def test_the_showcase_page_has_real_captions_links_and_the_citation(tmp_path):
 def test_ntk_against_distance_bins_the_normalised_kernel_of_every_run():
     """Two inputs at distance 1 and a third far away: the normalised kernel of the near pair lands in the first
     bin, the far pairs in the last; a second run with another kernel gives the mean and the standard error."""
-    from probes.runlog import Run
+    from runlog import Run
     from reports.data import ntk_vs_distance
 
     x = np.array([[0.0], [1.0], [10.0]])

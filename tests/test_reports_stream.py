@@ -14,7 +14,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from agents.stream.commands import COMMANDS
-from probes.runlog import RunLog, find_runs, read_run
+from runlog import RunLog, find_runs, read_run
 from reports import paper, stream
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Exact resume (issue 13): runs killed at seeded times and at the dangerous moments, then ``--resume``d, end with
 the weights, optimiser states and log records of an uninterrupted run with the same seed.
 
-Each scenario kills a run (SIGKILL at a named kill point, :mod:`probes.failpoints`, or after a seeded delay, or
+Each scenario kills a run (SIGKILL at a named kill point, :mod:`runlog.failpoints`, or after a seeded delay, or
 SIGTERM), then resumes it (again if a resume is itself killed) and compares with a reference run: every dataset of
 ``run.h5`` (not the bytes: the log of a resumed run records its resumes in an attribute) and every tensor of
 ``model.zip``. Scenarios run in parallel processes, one batch per algorithm.
@@ -27,8 +27,8 @@ import pytest
 import torch
 import yaml
 
-from probes import read_run
-from probes.failpoints import ENV as KILL_AT
+from runlog import read_run
+from runlog.failpoints import ENV as KILL_AT
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

@@ -18,7 +18,7 @@ from agents.commands import ConfigError, get_command
 from agents.grid import load_grid, plan
 from agents.rl.config import hyperparams, resolve
 from agents.train import main
-from probes import read_run
+from runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

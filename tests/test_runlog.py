@@ -1,4 +1,4 @@
-"""Tests of probes.runlog (HDF5 run log) and probes.provenance."""
+"""Tests of the runlog package (HDF5 run log), its provenance and its bounded reads."""
 
 import json
 import re
@@ -12,9 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
-from probes.provenance import provenance
-from probes.runlog import Field, RunLog, RunLogError, find_runs, read_log_id, read_run
+from runlog import Field, RunLog, RunLogError, find_runs, read_log_id, read_run
+from runlog.provenance import provenance
 
+ROOT = Path(__file__).resolve().parents[1]
 WRITER = Path(__file__).with_name("_runlog_writer.py")
 PROBES = {"weights": {"matrix": Field((32, 32)), "loss": Field(())}}
 
@@ -62,7 +63,7 @@ def test_round_trip_schema_and_attrs(tmp_path):
     assert run.config == {"lr": 0.001, "layers": [64, 64]}
     assert run.seed == 3
     assert run.attrs["format"] == "interference-runlog"
-    assert run.attrs["format_version"] == 2
+    assert run.attrs["format_version"] == 3
     assert run.attrs["device"] == "cuda:0"
     assert run.attrs["probe_settings"] == {"every": 100}
     assert run.attrs["agent"] == "dqn" and run.attrs["tags"] == ["a", "b"]
@@ -130,8 +131,9 @@ def test_a_log_keeps_its_id_when_resumed_and_a_fresh_log_gets_a_new_one(tmp_path
     assert read_log_id(path) not in (None, first)
     with pytest.raises(ValueError, match=r"reserved attribute names \['log_id'\]"):
         RunLog(tmp_path / "other.h5", config={}, seed=0, probes=PROBES, extra_attrs={"log_id": "mine"})
-    with h5py.File(path, "a") as f:  # a log written before ids: none, not an error
-        del f.attrs["log_id"]
+    with h5py.File(path, "a") as f:  # a log written before ids (and digests, version 2): none, not an error
+        del f.attrs["log_id"], f.attrs["attrs_sha256"]
+        f.attrs["format_version"] = 2
     assert read_log_id(path) is None
     make_log(path, range(2, 4))  # its first resume gives it one, which later resumes keep
     given = read_log_id(path)
@@ -164,7 +166,7 @@ def test_a_log_with_a_corrupt_superblock_is_refused_at_once(tmp_path, call):
     data = bytearray(path.read_bytes())
     data[12] ^= 0xFF  # (inside the superblock, which its checksum covers)
     path.write_bytes(bytes(data))
-    code = ("import sys; from probes.runlog import RunLog, RunLogError, read_log_id, read_run\n"
+    code = ("import sys; from runlog import RunLog, RunLogError, read_log_id, read_run\n"
             f"try:\n    {call}\nexcept RunLogError as err:\n    print(err)")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
@@ -179,7 +181,7 @@ def test_appending_to_a_log_left_open_with_a_bad_header_is_refused_in_seconds(tm
 
     path = tmp_path / "run.h5"
     left_open_with_a_bad_header(path)
-    code = ("import sys; from probes.runlog import RunLog, RunLogError\n"
+    code = ("import sys; from runlog import RunLog, RunLogError\n"
             "try:\n    RunLog(sys.argv[1], config={}, seed=0, probes={})\nexcept RunLogError as err:\n    print(err)")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
@@ -261,7 +263,8 @@ def test_reader_follows_live_writer(tmp_path):
         with h5py.File(path, "r", libver="latest", swmr=True) as f:  # long-lived SWMR reader
             step = f["probes/weights/step"]
             seen = len(step)
-            wait_for_records(proc, 10)
+            while int(proc.stdout.readline()) < seen + 10:  # (lines may be queued from before the reader opened)
+                pass
             step.refresh()
             assert len(step) > seen
         second = read_run(path)
@@ -324,7 +327,7 @@ def test_find_runs(tmp_path):
 
 
 def test_negative_steps_are_refused(tmp_path):
-    from probes.runlog import Field as F, RunLog as Log
+    from runlog import Field as F, RunLog as Log
 
     with Log(tmp_path / "r.h5", config={}, seed=0, probes={"p": {"x": F(())}}, scalars=("s",)) as log:
         with pytest.raises(ValueError, match="step must be >= 0"):
@@ -354,7 +357,7 @@ def test_keep_refuses_a_log_with_fewer_records_than_its_checkpoint(tmp_path):
 
 
 def test_the_end_record_is_preallocated_written_once_and_cut_back_on_resume(tmp_path):
-    from probes.runlog import END, RUN_END, RunLogWriteError
+    from runlog import END, RUN_END, RunLogWriteError
 
     path = tmp_path / "run.h5"
     with RunLog(path, config={}, seed=0, probes={}, scalars=["reward", END]) as log:
@@ -387,3 +390,46 @@ def test_probe_cadence_survives_a_checkpoint():
     assert [copy.due(s) for s in (150, 199, 200)] == [probe.due(s) for s in (150, 199, 200)] == [True, True, True]
     copy._advance(150)
     assert copy.due(199) is False and copy.due(200) is True
+
+
+def test_reading_a_log_and_reporting_on_it_import_neither_torch_nor_the_engine(tmp_path):
+    """The run-log package is torch-free: reading a log (bounded, so with its checking child) and
+    ``python -m reports`` on it load no torch, interference, probes or agents module."""
+    path = tmp_path / "runs" / "run.h5"
+    with RunLog(path, config={"algo": "dqn"}, seed=0, probes={}, scalars=["episode_return"]) as log:
+        for t in range(5):
+            log.scalar("episode_return", t, float(t))
+    code = ("import atexit, runpy, sys; "
+            "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'interference', 'probes', 'agents'}))); "
+            "from runlog import read_run; assert read_run(sys.argv[1]).config == {'algo': 'dqn'}; "
+            "sys.argv = ['reports', sys.argv[1], '-o', sys.argv[2]]; runpy.run_module('reports', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "report")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stdout, proc.stdout
+    assert (tmp_path / "report" / "index.html").exists()
+
+
+def test_a_reader_in_a_new_logs_first_moments_never_calls_it_corrupt(tmp_path):
+    """Reads racing a writer from the file's creation on: each finds no file yet or reads complete records; none is
+    told the healthy log is corrupt, truncated or locked (a live writer mid-write is waited for)."""
+    from runlog.reader import read_unchecked
+
+    for attempt in range(3):
+        path = tmp_path / f"run{attempt}.h5"
+        proc = start_writer(path, 300, 0.001)
+        try:
+            reads = 0
+            while reads < 60:
+                try:
+                    run = read_unchecked(path)
+                except FileNotFoundError:
+                    continue
+                steps = run.probes["weights"]["step"]
+                np.testing.assert_array_equal(steps, np.arange(len(steps)))
+                reads += 1
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()

@@ -12,7 +12,7 @@ from agents import showcase
 from agents.stream.commands import COMMANDS, _mse, _sampler, sample_steps
 from agents.stream.learner import StreamConfig, build_net, train_stream
 from interference.gradcov import gradient_covariance
-from probes import read_run
+from runlog import read_run
 
 TINY = {"n": 40, "n_test": 50, "width": 64}
 

@@ -15,7 +15,7 @@ from agents.stream.commands import COMMANDS
 from agents.stream.edit import EditConfig, edit
 from agents.stream.learner import StreamConfig, train_stream
 from agents.stream.srnn import set_kl_penalty
-from probes import read_run
+from runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n": 20, "n_test": 50, "width": 64}

@@ -29,7 +29,7 @@ def members_file(checkpoint: Path) -> Path:
 def record_members(checkpoint: Path, dirs: Sequence[Path], out: Path,
                    log_ids: Sequence[str | None] | None = None) -> None:
     """List the members' run folders (relative to ``out``, in member order) beside ``checkpoint``, atomically, with
-    the ids of their run logs (:attr:`probes.runlog.RunLog.log_id`) where given: the logs the checkpoint continues."""
+    the ids of their run logs (:attr:`runlog.RunLog.log_id`) where given: the logs the checkpoint continues."""
     tmp = members_file(checkpoint).with_suffix(".tmp")
     listing: dict = {"members": [Path(d).relative_to(out).as_posix() for d in dirs]}
     if log_ids is not None:
@@ -69,8 +69,7 @@ def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
     file times, so a study copied without them resumes; where it records none (a list from before ids, a log from
     before ids: resuming gives it one), a folder whose ``config.yaml`` (which only a fresh start writes) is newer
     than the checkpoint."""
-    from probes.logcheck import check_logs  # (imported here: the probes package loads torch, which planning a grid
-    from probes.runlog import RunLogError, read_log_id  # does not otherwise need)
+    from runlog import RunLogError, check_logs, read_log_id
 
     try:
         listing = json.loads(members_file(checkpoint).read_text())
@@ -86,7 +85,7 @@ def restarted_since(checkpoint: Path, dirs: Sequence[Path]) -> Path | None:
             if os.fspath(d / "run.h5") in unreadable:
                 return d
             try:
-                if read_log_id(d / "run.h5") != recorded:
+                if read_log_id(d / "run.h5", timeout_s=None) != recorded:  # (checked above)
                     return d
                 continue
             except (FileNotFoundError, RunLogError, OSError, RuntimeError):

@@ -47,7 +47,7 @@ from agents.runlock import RunFolderBusy, run_lock
 from agents.signals import STOP_SIGNALS, handling
 from agents.train import EXIT_BUSY, EXIT_IO
 from probes import ProbeContext, ProbeRunner, make_probe
-from probes.runlog import RunLogWriteError
+from runlog import RunLogWriteError
 from probes.sb3 import SCALARS
 
 from . import MEMBER_KEYS, members_file, record_members, restarted_since
@@ -189,7 +189,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     every member's ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk)
     of a checkpoint or a log stops the population: the members' logs end with ``run_end`` "write_error" where the
     disk still takes it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`,
-    :class:`probes.runlog.RunLogWriteError`) propagates. The caller holds the members' run locks
+    :class:`runlog.RunLogWriteError`) propagates. The caller holds the members' run locks
     (:func:`member_dirs`). Sets the process's allocator for training (:func:`agents.allocator.retain_freed_memory`)."""
     retain_freed_memory()
     configs = member_configs(values, members)

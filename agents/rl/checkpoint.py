@@ -56,8 +56,8 @@ from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from torch import Tensor, nn
 
 from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError
-from probes.failpoints import kill_point
-from probes.provenance import provenance
+from runlog.failpoints import kill_point
+from runlog.provenance import provenance
 from probes.sb3 import ProbeCallback
 
 from .algos import ALGOS

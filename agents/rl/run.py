@@ -29,7 +29,7 @@ from agents.allocator import retain_freed_memory
 from agents.commands import OUTPUT_KEYS, RunWriteError, holds_config
 from interference.nets import count_parameters
 from probes import make_probe
-from probes.runlog import RunLogWriteError
+from runlog import RunLogWriteError
 from probes.sb3 import ProbeCallback
 
 from .algos import ALGOS

@@ -20,8 +20,8 @@ import torch
 
 from interference.activation_spec import activation_names
 from interference.gradcov import LossFn
-from probes import PROBES, Field, ProbeContext, ProbeRunner, RunLog, make_probe
-from probes.runlog import END
+from probes import PROBES, ProbeContext, ProbeRunner, make_probe
+from runlog import END, Field, RunLog
 
 from ..commands import ConfigError, parse_seeds, probe_list
 from .edit import EditConfig, edit

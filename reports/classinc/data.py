@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from probes.runlog import Run
+from runlog import Run
 
 from .. import data as run_data
 

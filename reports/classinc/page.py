@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from probes.runlog import Run, RunLogError, find_runs
+from runlog import Run, RunLogError, find_runs
 
 from .. import plots as figures
 from ..cli import load_runs, output_dir, warn

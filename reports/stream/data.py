@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probes.runlog import Run
+from runlog import Run
 
 from .. import data as run_data
 from .. import paper

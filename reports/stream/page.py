@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from probes.runlog import Run, RunLogError
+from runlog import Run, RunLogError
 
 from .. import paper
 from .. import plots as figures

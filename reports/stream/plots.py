@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from probes.runlog import Run
+from runlog import Run
 
 from .. import data as run_data
 from .. import paper

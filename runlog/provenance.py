@@ -1,6 +1,6 @@
 """Provenance of a training run: software versions, git state, host, time, command line.
 
-`provenance()` returns a JSON-serialisable dict that `probes.runlog.RunLog` stores in the
+`provenance()` returns a JSON-serialisable dict that `runlog.RunLog` stores in the
 root attributes of every run log, so a plot can always be traced back to the code and
 environment that produced it.
 """
@@ -12,6 +12,7 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +20,14 @@ from pathlib import Path
 PACKAGES = ("torch", "numpy", "h5py", "gymnasium", "stable-baselines3", "ale-py")
 
 _GIT_TIMEOUT_S = 10.0
+_plugins: Callable[[], dict[str, str]] = dict  # what reports the loaded plugins (see report_plugins)
+
+
+def report_plugins(loaded: Callable[[], dict[str, str]]) -> None:
+    """Have :func:`provenance` record ``loaded()`` as the plugin modules loaded (called by :mod:`probes.plugins`,
+    which the run log does not import)."""
+    global _plugins
+    _plugins = loaded
 
 
 def provenance() -> dict:
@@ -33,10 +42,9 @@ def provenance() -> dict:
       - ``hostname``, ``platform`` (``platform.platform()``);
       - ``time_utc``: ISO 8601 UTC timestamp, seconds resolution;
       - ``argv``: ``sys.argv`` as a list;
-      - ``plugins``: ``{module: file}`` of the plugin modules loaded (:mod:`probes.plugins`).
+      - ``plugins``: ``{module: file}`` of the plugin modules loaded (:mod:`probes.plugins`, which reports them
+        with :func:`report_plugins`; ``{}`` where it was never imported).
     """
-    from .plugins import loaded_plugins
-
     commit, dirty = _git_state(Path(__file__).resolve().parent)
     return {
         "versions": {"python": platform.python_version(), **_package_versions()},
@@ -46,7 +54,7 @@ def provenance() -> dict:
         "platform": platform.platform(),
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
-        "plugins": loaded_plugins(),
+        "plugins": _plugins(),
     }
 
 

@@ -1,9 +1,12 @@
-"""Check run logs in a child process before reading them here: a corrupted file cannot hang or crash the caller.
+"""Reads bounded in time: each log is checked in a child process before it is read here, so a corrupted file cannot
+hang or crash the caller.
 
-HDF5's C library can loop forever on corrupted metadata (e.g. random bytes in an object header) inside a call that
-no signal interrupts; a child process with a timeout per file can always be killed. :func:`check_logs` reads every
-file completely (attributes, every dataset: Fletcher-32 checksums are verified on the way) in one child, file by
-file; a file that takes longer than ``timeout_s`` is reported as hanging and the child is restarted for the rest.
+HDF5's C library can loop forever on corrupted metadata (e.g. random bytes in an object header, or a bad checksum an
+SWMR reader retries) inside a call that no signal interrupts; a child process with a timeout per file can always be
+killed. :func:`check_logs` reads every file completely (attributes and their digest, every dataset: Fletcher-32
+checksums are verified on the way) in one child, file by file; a file that takes longer than ``timeout_s`` is
+reported as hanging and the child is restarted for the rest. :func:`read_run` and :func:`read_log_id` check, then
+read; a caller that checked many files at once with :func:`check_logs` passes ``timeout_s=None``.
 """
 
 from __future__ import annotations
@@ -18,15 +21,52 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["check_logs", "TIMEOUT_S"]
+from .format import RunLogError
+from .reader import Run, read_log_id_unchecked, read_unchecked
+
+__all__ = ["check_logs", "read_run", "read_log_id", "TIMEOUT_S"]
 
 #: seconds one file may take to read completely before it counts as hanging
 TIMEOUT_S = 5.0
 _START_S = 30.0  # the child's start-up (numpy, h5py) on a loaded machine
-# the child imports probes.runlog without running probes/__init__ (which imports torch: seconds per restart)
-_CHILD = ("import sys, types; pkg = types.ModuleType('probes'); pkg.__path__ = [sys.argv.pop(1)]; "
-          "sys.modules['probes'] = pkg; from probes.logcheck import _child; _child()")
-_PACKAGE = str(Path(__file__).resolve().parent)
+_CHILD = "import sys; sys.path.insert(0, sys.argv.pop(1)); from runlog.bounded import _child; _child()"
+_ROOT = str(Path(__file__).resolve().parent.parent)  # the folder holding the runlog package
+
+
+def read_run(path: str | os.PathLike, *, timeout_s: float | None = TIMEOUT_S, swmr: bool = True) -> Run:
+    """Read a run log, also while its writer is still appending (SWMR read): the complete records only (every
+    field truncated to ``len(step)``).
+
+    The file is first read completely in a child process that is killed after ``timeout_s`` seconds (about 0.2 s
+    more per call); ``timeout_s=None`` reads in this process only, for a file :func:`check_logs` has just passed.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        RunLogError: not an HDF5 file, corrupt (a chunk or the attributes fail their checksum) or truncated, not a
+            run log, or its reading did not finish within ``timeout_s``.
+    """
+    _check(path, timeout_s)
+    return read_unchecked(path, swmr=swmr)
+
+
+def read_log_id(path: str | os.PathLike, *, timeout_s: float | None = TIMEOUT_S) -> str | None:
+    """The ``log_id`` of the run log at ``path`` (None for a log from before ids), checked as :func:`read_run`.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        RunLogError: as :func:`read_run`.
+    """
+    _check(path, timeout_s)
+    return read_log_id_unchecked(path)
+
+
+def _check(path: str | os.PathLike, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        return
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such run log: {os.fspath(path)}")
+    if why := check_logs([path], timeout_s)[os.fspath(path)]:
+        raise RunLogError(why if why.startswith(os.fspath(path)) else f"{os.fspath(path)}: {why}")
 
 
 def check_logs(paths: Sequence[str | os.PathLike], timeout_s: float = TIMEOUT_S) -> dict[str, str | None]:
@@ -35,7 +75,7 @@ def check_logs(paths: Sequence[str | os.PathLike], timeout_s: float = TIMEOUT_S)
     todo = [os.fspath(p) for p in paths]
     result: dict[str, str | None] = {}
     while todo:
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, _PACKAGE, *todo],
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, _ROOT, *todo],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
             done = _collect(child, todo, timeout_s)
@@ -79,15 +119,13 @@ def _collect(child: subprocess.Popen, expected: Sequence[str], each_s: float) ->
 def _child() -> None:
     """Read each file named on the command line; print ``{"path", "error"}`` per file as one JSON line (``read_run``
     verifies checksums with a plain read, SWMR mode only for a file a writer has or left open)."""
-    from .runlog import RunLogError, read_run
-
     print(json.dumps({"ready": True}), flush=True)
     for path in sys.argv[1:]:
         error = None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                read_run(path)
+                read_unchecked(path)
         except (RunLogError, OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError,
                 IndexError) as err:
             error = str(err).splitlines()[0] if str(err) else type(err).__name__
