@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .commands import ConfigError, read_yaml
+from .errors import ConfigError
+from .inputs import read_yaml
 
 __all__ = ["Algorithm"]
 

@@ -1,4 +1,4 @@
-"""What a learner exposes to the CLI and to the grid runner: one ``Command`` per ``agents.train`` subcommand.
+"""The registry of learners: one ``Command`` per ``agents.train`` subcommand, for the CLI and the grid runner.
 
 A command turns flags (or a grid entry) into a validated config dict and runs it into a run directory. The same
 validation serves both paths, so a bad grid entry fails the way a bad flag does.
@@ -18,65 +18,9 @@ from typing import Any, Protocol
 
 import yaml
 
-__all__ = ["Command", "ConfigError", "RunWriteError", "OUTPUT_KEYS", "commands", "first_sentence",
-           "get_command", "parse_seeds", "probe_list", "read_yaml", "register_command"]
+from .errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A config value a command refuses (unknown activation, negative learning rate, unknown env, ...), or a run
-    folder it cannot resume (``agents.train`` exits with status 2)."""
-
-
-#: config keys that change how a run shows progress, saves or logs, never what it computes: a change in them neither
-#: makes a finished run stale (grid) nor a checkpoint foreign (--resume)
-OUTPUT_KEYS = ("progress", "torch_threads", "checkpoint_every", "sb3_log")
-
-
-def comparable_config(config: Any) -> Any:
-    """``config`` as it reads back from JSON or YAML (tuples become lists), without :data:`OUTPUT_KEYS`: equal for
-    configs whose runs compute the same."""
-    plain = json.loads(json.dumps(config, default=str))
-    return {k: v for k, v in plain.items() if k not in OUTPUT_KEYS} if isinstance(plain, dict) else plain
-
-
-def holds_config(run_dir: str | Path, config: Mapping[str, Any]) -> bool:
-    """Whether the files in ``run_dir`` were made with ``config``: its ``config.yaml`` equals it (by
-    :func:`comparable_config`); False if that file is missing or unreadable."""
-    try:
-        saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
-    return comparable_config(saved) == comparable_config(config)
-
-
-class RunWriteError(OSError):
-    """A run cannot write its files (full disk, I/O error, file size limit): it stops (exit status 4)."""
-
-
-def parse_seeds(value: Any) -> tuple[int, ...]:
-    """Seeds from a flag or config value (``3``, ``"0,1,2"`` or a list): distinct non-negative integers, else a
-    :class:`ConfigError` naming the value."""
-    if isinstance(value, int):
-        value = [value]
-    if isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
-    try:
-        seeds = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"seeds must be integers, e.g. 0,1,2; got {value!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ConfigError(f"seeds must be distinct non-negative integers, got {value!r}")
-    return seeds
-
-
-def read_yaml(path: str | Path, what: str) -> Any:
-    """The YAML document in ``path``; ConfigError naming the file (as a ``what`` file) if unreadable or invalid."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} file {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{what} file {path} is not valid YAML: {err}") from None
+__all__ = ["Command", "commands", "first_sentence", "get_command", "probe_list", "register_command"]
 
 
 _RST = [(re.compile(r":[\w:]+:`~?([^`]+)`"), r"\1"), (re.compile(r"``([^`]+)``"), r"\1"),

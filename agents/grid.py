@@ -16,7 +16,7 @@ and one or more sub-grids whose lists are crossed::
 Every entry is validated by the command before anything runs. A run is finished when its run directory holds
 ``DONE.json`` (written last, with the run's summary) and its saved config (``config.yaml``, or the config in
 ``DONE.json`` for commands that write none) equals the grid's config for it, ignoring the keys that only change
-how a run reports and saves (:data:`agents.commands.OUTPUT_KEYS`); a run finished or begun with another config
+how a run reports and saves (:data:`agents.runfolder.OUTPUT_KEYS`); a run finished or begun with another config
 (its ``config.yaml`` differs) is stale and is redone afresh, never resumed. An interrupted grid re-run skips
 finished runs and redoes the rest; with ``--resume`` it continues unfinished runs of commands that checkpoint (dqn,
 ppo, sac) from their last checkpoint, exactly as if they had not stopped.
@@ -68,7 +68,10 @@ from tqdm import tqdm
 from probes.plugins import PluginError, load_plugins
 from runlog import RunLogWriteError
 
-from .commands import ConfigError, RunWriteError, commands, comparable_config, get_command, read_yaml
+from .commands import commands, get_command
+from .errors import ConfigError
+from .inputs import int_range, parse_yaml_value, read_yaml
+from .runfolder import comparable_config
 from .population import MEMBER_KEYS
 from .runlock import LOCK_NAME, run_lock
 from .signals import RECEIVED, STOP_SIGNALS, handling
@@ -147,9 +150,9 @@ def axis_values(text: str) -> list[Any]:
     """``--axis`` values: comma-separated numbers or words, ``A-B`` an inclusive integer range (``0-9``)."""
     out: list[Any] = []
     for item in (i.strip() for i in text.split(",")):
-        lo, dash, hi = item.partition("-")
-        if dash and lo.isdigit() and hi.isdigit():
-            out.extend(range(int(lo), int(hi) + 1))
+        span = int_range(item, "--axis")
+        if span is not None:
+            out.extend(span)
             continue
         for kind in (int, float):
             try:
@@ -158,7 +161,7 @@ def axis_values(text: str) -> list[Any]:
             except ValueError:
                 pass
         else:
-            out.append(yaml.safe_load(item) if item else item)
+            out.append(parse_yaml_value(item, "--axis") if item else item)
     return out
 
 
@@ -366,8 +369,8 @@ def _stop_run(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-#: a run in this process hit a failed write: HDF5 may then crash when its objects are freed at exit, so the grid
-#: process (``--workers 1`` runs in it) leaves with ``os._exit`` once its report is out
+#: a run in this process hit a failed write of its run log: HDF5 may then crash when its objects are freed at exit,
+#: so the grid process (``--workers 1`` runs in it) leaves with ``os._exit`` once its report is out
 _WRITE_FAILED = False
 
 
@@ -400,7 +403,7 @@ def _writing(runs: Sequence[GridRun]) -> Iterator[list[dict[str, Any] | None]]:
         try:
             yield done
         except Exception as err:
-            if isinstance(err, (RunLogWriteError, RunWriteError)):
+            if isinstance(err, RunLogWriteError):  # (HDF5's state, not a file of our own: see _WRITE_FAILED)
                 global _WRITE_FAILED
                 _WRITE_FAILED = True
             for run in todo:

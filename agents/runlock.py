@@ -23,17 +23,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .commands import RunWriteError
+from .errors import RunFolderBusy, RunWriteError
 
 __all__ = ["RunFolderBusy", "run_lock", "HEARTBEAT_S", "STALE_S", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
-
-
-class RunFolderBusy(RuntimeError):
-    """Another live process writes into this run folder."""
 
 
 def _boot_id() -> str:

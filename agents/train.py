@@ -14,15 +14,11 @@ from pathlib import Path
 from probes.plugins import PluginError, load_plugins
 from runlog import RunLogWriteError
 
-from .commands import ConfigError, RunWriteError, commands, get_command
-from .runlock import RunFolderBusy, run_lock
+from .commands import commands, get_command
+from .errors import EXIT_CONFIG, EXIT_IO, ConfigError, exit_status
+from .runlock import run_lock
 
-#: exit status when another process writes into the run folder
-EXIT_BUSY = 3
-#: exit status when the run log cannot be written (full disk, I/O error, file size limit)
-EXIT_IO = 4
-
-__all__ = ["main", "build_parser", "EXIT_BUSY", "EXIT_IO"]
+__all__ = ["main", "build_parser"]
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         load_plugins(modules)
     except PluginError as err:
         print(f"python -m agents.train: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     parser = build_parser(next((a for a in argv if a in commands()), None))
     namespace, unknown = parser.parse_known_args(argv)
     args = vars(namespace)
@@ -114,30 +110,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = cmd.make_config({k: v for k, v in args.items() if v is not None})
     except ConfigError as err:
-        parser.exit(2, f"{parser.prog} {name}: error: {err}\n")
+        parser.exit(EXIT_CONFIG, f"{parser.prog} {name}: error: {err}\n")
     run_dir = cmd.run_dir(config, out)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        parser.exit(2, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
+        parser.exit(EXIT_CONFIG, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
     if (problem := unwritable(run_dir)) is not None:
-        parser.exit(2, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
+        parser.exit(EXIT_CONFIG, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
     print(f"run folder: {run_dir}", file=sys.stderr, flush=True)  # (named by the settings that differ from defaults)
     try:
         with run_lock(run_dir):
             summary = cmd.run(config, run_dir, resume=True) if resume else cmd.run(config, run_dir)
-    except RunFolderBusy as err:
+    except Exception as err:  # noqa: BLE001 - the errors a run ends with (agents.errors): one line, their status
+        status = exit_status(err)
+        if status is None:
+            raise
         print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
-        return EXIT_BUSY
-    except ConfigError as err:  # e.g. a checkpoint that does not belong to this config
-        parser.exit(2, f"{parser.prog} {name}: error: {err}\n")
-    except (RunLogWriteError, RunWriteError) as err:
-        print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # HDF5 objects of a file whose writes failed can crash the interpreter when they are freed at exit
-        # (segmentation fault): leave at once, with the status that says what happened
-        os._exit(EXIT_IO)
+        if isinstance(err, RunLogWriteError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # HDF5 objects of a file whose writes failed can crash the interpreter when they are freed at exit
+            # (segmentation fault): leave at once, with the status that says what happened
+            os._exit(EXIT_IO)
+        return status
     print(json.dumps(_rounded(summary), indent=1, default=str))
     return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains
 

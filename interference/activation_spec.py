@@ -24,7 +24,7 @@ from torch import nn
 from .activations import FTA, LWTA, Elephant, Maxout
 
 __all__ = ["ActArg", "ActivationSpec", "register_activation", "activation_spec", "activation_names",
-           "activation_arguments", "activation_types", "make_activation", "module_spec", "output_width"]
+           "activation_types", "make_activation", "module_spec", "output_width"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class ActArg:
 
     type: type
     help: str
+
+
+_KINDS = {float: "a number", int: "an integer", bool: "true or false"}
 
 
 def _same_width(module: nn.Module, width: int) -> int:
@@ -102,6 +105,20 @@ class ActivationSpec:
             takes = ", ".join(self.arguments) if self.arguments else "no arguments"
             raise ValueError(f"activation {self.name!r} does not take {', '.join(unknown)}; it takes {takes}")
 
+    def parse_arguments(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` (from flags or a config file) checked against the declared arguments, an int for a float
+        argument made a float; ValueError naming an argument this activation does not take or a value of the
+        wrong type."""
+        self.check_arguments(values)
+        parsed: dict[str, Any] = {}
+        for name, value in values.items():
+            kind = self.arguments[name].type
+            of_kind = isinstance(value, (int, float) if kind is float else kind)
+            if isinstance(value, bool) != (kind is bool) or not of_kind:
+                raise ValueError(f"activation {self.name!r}: {name} must be {_KINDS[kind]}, got {value!r}")
+            parsed[name] = float(value) if kind is float else value
+        return parsed
+
     def build(self, width: int | None = None, **kwargs: Any) -> nn.Module:
         """The module for a hidden layer of ``width`` Linear units; a per-unit activation gets
         ``num_units=width`` unless ``kwargs`` sets it (``None``: parameters shared by all units)."""
@@ -137,11 +154,6 @@ def activation_spec(name: str) -> ActivationSpec:
     if key not in _SPECS:
         raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(activation_names())}")
     return _SPECS[key]
-
-
-def activation_arguments(name: str) -> tuple[str, ...]:
-    """Argument names the activation ``name`` takes (``num_units`` excluded)."""
-    return tuple(activation_spec(name).arguments)
 
 
 def activation_types() -> tuple[type[nn.Module], ...]:

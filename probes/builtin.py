@@ -475,7 +475,8 @@ def register_probe(cls: type[Probe], *, replace: bool = False) -> type[Probe]:
 
 
 def make_probe(name: str, **kwargs: Any) -> Probe:
-    """Build a registered probe by name (built-in: ``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``, ``plasticity``)."""
+    """Build a registered probe by name (built-in: ``gradcov``, ``ntk``, ``outputs``, ``sparsity``, ``weights``,
+    ``plasticity``)."""
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; choose from {', '.join(sorted(PROBES))}")
     return PROBES[name](**kwargs)

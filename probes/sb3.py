@@ -203,6 +203,9 @@ class ProbeCallback(BaseCallback):
         resume: :meth:`state` as a checkpoint saved it: the log is appended to from the checkpoint's records
             (later ones dropped) and the probes, their RNG and inputs and the loss cadence go on from there.
         extra_attrs: more root attributes for the run log (JSON-serialisable values).
+        finish_at_training_end: close the log (with its ``run_end``) when training ends; ``False`` leaves that to
+            the caller's :meth:`finish`, e.g. once the trained model is saved, so the log never says a run finished
+            whose model is not on disk.
         verbose: SB3's callback verbosity.
     """
 
@@ -210,7 +213,7 @@ class ProbeCallback(BaseCallback):
                  seed: int, n_inputs: int = 32, extra_attrs: Mapping[str, Any] | None = None,
                  loss_every: int | None = None, end_status: Callable[[], str] | None = None,
                  context: ContextBuilder | None = None, resume: Mapping[str, Any] | None = None,
-                 verbose: int = 0) -> None:
+                 finish_at_training_end: bool = True, verbose: int = 0) -> None:
         super().__init__(verbose)
         self.probes = list(probes)
         self.path = os.fspath(path)
@@ -227,6 +230,7 @@ class ProbeCallback(BaseCallback):
         self._n_updates = 0
         self._update: tuple[int, dict[str, float]] | None = None  # the latest update's step and scalars, unwritten
         self._resume = resume
+        self.finish_at_training_end = finish_at_training_end
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _on_training_start(self) -> None:
@@ -338,7 +342,8 @@ class ProbeCallback(BaseCallback):
         self._probed = True
 
     def _on_training_end(self) -> None:
-        self.finish()
+        if self.finish_at_training_end:
+            self.finish()
 
     def finish(self, end: bool | str = True) -> None:
         """Write the last update's scalars and the ``run_end`` record (``end``: True, the status ``end_status``

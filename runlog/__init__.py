@@ -9,12 +9,12 @@ reports), :mod:`runlog.provenance` (what made a run) and :mod:`runlog.failpoints
 """
 
 from .bounded import TIMEOUT_S, check_logs, read_log_id, read_run
-from .format import END, RUN_END, Field, RunLogError, RunLogWriteError
+from .format import END, RUN_END, Field, RunLogBusy, RunLogError, RunLogWriteError
 from .reader import Run, find_runs
 from .schema import FieldDoc, ProbeSchema, default_doc
 from .writer import RunLog
 
 __all__ = [
-    "END", "RUN_END", "TIMEOUT_S", "Field", "FieldDoc", "ProbeSchema", "Run", "RunLog", "RunLogError",
+    "END", "RUN_END", "TIMEOUT_S", "Field", "FieldDoc", "ProbeSchema", "Run", "RunLog", "RunLogBusy", "RunLogError",
     "RunLogWriteError", "check_logs", "default_doc", "find_runs", "read_log_id", "read_run",
 ]

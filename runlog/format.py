@@ -81,6 +81,10 @@ class RunLogError(ValueError):
     """A file is not a readable run log, or does not match what the writer declares."""
 
 
+class RunLogBusy(RunLogError):
+    """Another process (a live writer or reader) has the log open, so it cannot be appended to or replaced now."""
+
+
 @dataclass(frozen=True)
 class Field:
     """One dataset of a probe, holding one value per record.

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 from .bounded import check_logs
-from .format import LIBVER, OPEN_FOR_WRITE, UNWRITTEN_STEP, RunLogError, read_group
+from .format import LIBVER, OPEN_FOR_WRITE, UNWRITTEN_STEP, RunLogBusy, RunLogError, read_group
 from .reader import open_read
 
 
@@ -29,7 +29,7 @@ def open_for_append(path: str) -> h5py.File:
     try:
         return h5py.File(path, "r+", libver=LIBVER)
     except BlockingIOError as err:  # HDF5 could not lock the file
-        raise RunLogError(f"{path}: in use by another process (a live writer or reader); "
+        raise RunLogBusy(f"{path}: in use by another process (a live writer or reader); "
                           f"cannot append to it: {err}") from err
     except OSError as err:
         # HDF5 marks files open for writing in the superblock; a killed writer leaves the mark.
@@ -48,7 +48,7 @@ def repair(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         if not try_flock(fd, fcntl.LOCK_EX):
-            raise RunLogError(f"{path}: in use by another process (a live writer or reader); "
+            raise RunLogBusy(f"{path}: in use by another process (a live writer or reader); "
                               "cannot append to it")
         tmp = f"{path}.repair.tmp"
         try:

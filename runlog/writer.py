@@ -26,7 +26,7 @@ import numpy as np
 
 from .failpoints import kill_point
 from .format import (CHUNK_BYTES, END, FORMAT, FORMAT_VERSION, LIBVER, MAX_CHUNK_ROWS, RESERVED_ATTRS, RUN_END,
-                     UNWRITTEN_STEP, Field, RunLogError, RunLogWriteError, attr_str, checked_attrs, decode_attrs,
+                     UNWRITTEN_STEP, Field, RunLogBusy, RunLogError, RunLogWriteError, attr_str, checked_attrs, decode_attrs,
                      describe, file_schema, os_cause, to_json, write_attrs)
 from .provenance import provenance
 from .repair import keep_records, open_for_append, trim_partial_records, try_flock
@@ -103,7 +103,7 @@ class RunLog:
             try:
                 f = h5py.File(self.path, "w", libver=LIBVER)
             except BlockingIOError as err:
-                raise RunLogError(f"{self.path}: in use by another process; cannot overwrite it: "
+                raise RunLogBusy(f"{self.path}: in use by another process; cannot overwrite it: "
                                   f"{err}") from err
             except OSError as err:
                 raise RunLogWriteError(f"{self.path}: cannot create the run log ({os_cause(err)})") from err

@@ -1,7 +1,11 @@
 """Shared test set-up: one torch thread (small ops are much slower with 2 threads on busy 2-core machines), SB3's
 default loggers (models built directly by tests) writing their folders under pytest's temp directory, and the NTK
 engine's small-model shortcut off (tests' models are tiny; they test the layer-wise paths' proofs, and
-``tests/test_ntk.py`` tests the shortcut itself)."""
+``tests/test_ntk.py`` tests the shortcut itself). It also marks the fast tier: every test that
+``tests/slow_tests.txt`` does not list is marked ``unit`` (``pytest -m unit``, under 2 minutes on 2 cores)."""
+
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,9 +33,46 @@ def full_disk_at_results(monkeypatch: pytest.MonkeyPatch):
     save = torch.save
 
     def no_space(obj, f, *args, **kwargs):
-        if str(f).endswith("q_net.pt"):
+        if "q_net.pt" in str(getattr(f, "name", f)):  # (written into a temporary file beside it)
             raise OSError(28, "No space left on device")
         return save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", no_space)
     return lambda: monkeypatch.setattr(torch, "save", save)
+
+
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+DESELECTED = ("sweep", "compile", "long")  # the tiers the default run leaves out: none of their tests is unit
+
+
+def _slow_tests() -> dict[Path, set[str | None]]:
+    """``{module path: {test or fixture name, or None for the whole module}}`` of ``tests/slow_tests.txt``."""
+    slow: dict[Path, set[str | None]] = {}
+    for line in SLOW_TESTS.read_text().splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            path, _, name = entry.partition("::")
+            slow.setdefault((SLOW_TESTS.parent.parent / path).resolve(), set()).add(name or None)
+    return slow
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks ``unit`` every test that is not deselected by default and not in ``tests/slow_tests.txt`` (not its
+    module, its name, or a fixture of its module that it uses), so that a new test is in the fast tier by default."""
+    slow = _slow_tests()
+    modules = {}
+    for item in items:
+        path = item.path.resolve()
+        names = slow.get(path)
+        if names is not None:
+            modules[path] = getattr(item, "module", None)
+            if None in names or getattr(item, "originalname", item.name) in names \
+                    or names.intersection(getattr(item, "fixturenames", ())):
+                continue
+        if not any(item.get_closest_marker(m) for m in DESELECTED):
+            item.add_marker(pytest.mark.unit)
+    for path, module in modules.items():  # entries that name nothing of their module (renamed or removed tests)
+        stale = sorted(n for n in slow[path] if n is not None and module is not None and not hasattr(module, n))
+        if stale:
+            warnings.warn(pytest.PytestWarning(f"{SLOW_TESTS.name}: {path.name} has no {', '.join(stale)}"))

@@ -330,16 +330,6 @@ def reference_loss_grads(model: nn.Module, loss: LossFn, batch: Batch, names: li
     return reference_jacobian(fn, model, batch, names)[:, 0, :]
 
 
-def reference_gradcov(model: nn.Module, loss: LossFn, batch: Batch, names: list[str],
-                      normalize: bool) -> Tensor:
-    g = reference_loss_grads(model, loss, batch, names)
-    gram = g @ g.T
-    if not normalize:
-        return gram
-    norm = g.norm(dim=1)
-    return gram / norm[:, None] / norm[None, :]
-
-
 def split_grads(model: nn.Module, flat: Tensor, names: list[str]) -> dict[str, Tensor]:
     named = dict(model.named_parameters())
     sizes = [named[k].numel() for k in names]

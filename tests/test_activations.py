@@ -185,7 +185,7 @@ def test_elephant_forward_mode_ad_matches_literal_jvp():
     assert torch.allclose(got_mod, ref_mod, rtol=1e-12, atol=1e-14)
 
 
-# ----------------------------------------------------------------------------------- numerical safety (issue #11)
+# ----------------------------------------------------------------------------------- numerical safety
 _HALF = (torch.float16, torch.bfloat16)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _XS = [0.0, 1e-30, 1e-6, 0.1, 0.2, 0.5, 1.0, 2.0, 10.0, 100.0, 1e3, 1e4]

@@ -1,4 +1,4 @@
-"""Atari at the paper's scale (issue 17): the authors' settings, the frame buffer inside SB3's DQN and ours, memory
+"""Atari at the paper's scale: the authors' settings, the frame buffer inside SB3's DQN and ours, memory
 refusal, scaled gradient-covariance points, evaluation apart from training, and smoke runs of DQN and Rainbow with
 their gradient-covariance figure."""
 
@@ -18,7 +18,7 @@ import torch
 from stable_baselines3 import DQN
 from stable_baselines3.common.buffers import NStepReplayBuffer
 
-from agents.commands import ConfigError
+from agents.errors import ConfigError
 from agents.rl.budget import check_memory, replay_bytes
 from agents.rl.config import probe_arguments, resolve
 from agents.rl.envs import make_env

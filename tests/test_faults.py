@@ -1,4 +1,4 @@
-"""Fault injection on whole runs (issue 13): concurrent writers on one run folder, dead lock holders, corrupt logs,
+"""Fault injection on whole runs: concurrent writers on one run folder, dead lock holders, corrupt logs,
 and full or failing disks reaching HDF5's own writes (RLIMIT_FSIZE, an LD_PRELOAD write shim)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.train import EXIT_BUSY
+from agents.errors import EXIT_BUSY
 from runlog import read_run
 from runlog import RunLogError
 
@@ -269,7 +269,7 @@ def test_a_write_error_in_hdf5_stops_the_run_visibly(tmp_path):
     ignored): the run stops with exit status 4 and a message, and the log reads back only complete records."""
     import numpy as np
 
-    from agents.train import EXIT_IO
+    from agents.errors import EXIT_IO
 
     proc = _dqn_with_file_limit(tmp_path, 300_000, "--steps", "20000", "--probe", "gradcov,weights", "--probe-every",
                                 "20")
@@ -353,7 +353,7 @@ def test_a_crashed_run_leaves_no_run_end(tmp_path, monkeypatch):
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_visibly(tmp_path):
     """A file size limit the log fits under but a checkpoint (the replay buffer) does not: exit status 4 with a
     message naming the checkpoint; no torn temporary file is left and the log stays readable."""
-    from agents.train import EXIT_IO
+    from agents.errors import EXIT_IO
 
     proc = _dqn_with_file_limit(tmp_path, 400_000, "--steps", "3000", "--set", "buffer_size=50000",
                                 "--checkpoint-every", "500")
@@ -405,7 +405,7 @@ def _complete_records(log: Path) -> dict:
     (5, "fail", "Input/output error", (None,)),  # a failing disk takes nothing more: no run_end, records before kept
 ])
 def test_enospc_and_eio_in_hdf5s_own_writes_stop_the_run_visibly(tmp_path, failwrite, errno, mode, words, end):
-    from agents.train import EXIT_IO
+    from agents.errors import EXIT_IO
     from runlog import RUN_END
 
     proc = _dqn_with_failing_disk(tmp_path, failwrite, "run.h5", errno, mode, 400_000)
@@ -418,7 +418,7 @@ def test_enospc_and_eio_in_hdf5s_own_writes_stop_the_run_visibly(tmp_path, failw
 
 
 def test_a_full_disk_while_checkpointing_stops_the_run_and_the_log_says_why(tmp_path, failwrite):
-    from agents.train import EXIT_IO
+    from agents.errors import EXIT_IO
     from runlog import RUN_END
 
     proc = _dqn_with_failing_disk(tmp_path, failwrite, "checkpoint.pkl", 28, "full", 0, "--checkpoint-every", "500")
@@ -453,7 +453,7 @@ def test_a_grid_running_its_runs_in_process_survives_a_full_disk(tmp_path, failw
 
 
 def test_a_full_disk_before_the_run_starts_is_a_message_not_a_traceback(tmp_path, failwrite):
-    from agents.train import EXIT_IO
+    from agents.errors import EXIT_IO
 
     env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": ".lock", "FAILWRITE_ERRNO": "28",
            "FAILWRITE_MODE": "fail", "FAILWRITE_AFTER": "0"}
@@ -496,7 +496,7 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
 
     from agents.population.engine import Member, Population
     from agents.population.run import member_configs
-    from agents.train import EXIT_IO
+    from agents.errors import EXIT_IO
     from runlog import RUN_END
     from reports.data import finished
 
@@ -521,3 +521,83 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
     resumed = subprocess.run([*args, "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "resuming the population of 3 at step 200" in resumed.stderr, resumed.stderr
     assert all(finished(read_run(log)) for log in logs)
+
+
+def _killed_dqn_run(out: Path) -> Path:
+    """The folder of a DQN run killed right after its second checkpoint (a checkpoint and a log to resume)."""
+    from runlog.failpoints import ENV as KILL_AT
+
+    cmd = [sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "16",
+           "--set", "learning_starts=50", "--steps", "2000", "--checkpoint-every", "400", "--probe", "weights",
+           "--probe-every", "200", "--no-progress", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, KILL_AT: "checkpoint.after_rename:2"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    return _run_dir(out)
+
+
+def _resume(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "CartPole-v1", "--act", "relu",
+                           "--hidden", "16", "--set", "learning_starts=50", "--steps", "2000", "--checkpoint-every",
+                           "400", "--probe", "weights", "--probe-every", "200", "--no-progress", "--out", str(out),
+                           "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "missing", "attribute"])
+def test_resume_with_a_damaged_log_is_bad_input_in_one_line(tmp_path, damage):
+    """--resume of a run whose run.h5 is truncated, corrupt, missing or has a changed attribute: exit status 2, one
+    line naming the log, no traceback."""
+    run_dir = _killed_dqn_run(tmp_path)
+    log = run_dir / "run.h5"
+    data = log.read_bytes()
+    if damage == "truncated":
+        log.write_bytes(data[: len(data) // 2])
+    elif damage == "corrupt":
+        log.write_bytes(data[:100] + bytes(64) + data[164:])
+    elif damage == "missing":
+        log.unlink()
+    else:
+        log.write_bytes(data.replace(b'"learning_starts": 50', b'"learning_starts": 90'))
+    proc = _resume(tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and len(errors) == 1 and "run.h5" in errors[0], proc.stderr[-3000:]
+
+
+def test_resume_while_a_reader_holds_the_log_names_it_with_status_3(tmp_path):
+    """--resume while another process reads the run's log (an HDF5 reader holds it open): exit status 3, one line
+    saying the log is in use; after the reader closes it, the resume finishes."""
+    run_dir = _killed_dqn_run(tmp_path)
+    reader = subprocess.Popen([sys.executable, "-c", "import sys, time, h5py; f = h5py.File(sys.argv[1], 'r', "
+                               "swmr=True); print('open', flush=True); time.sleep(600)", str(run_dir / "run.h5")],
+                              stdout=subprocess.PIPE, text=True)
+    _STARTED.append(reader)
+    assert reader.stdout.readline().strip() == "open"
+    proc = _resume(tmp_path)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "in use by another process" in proc.stderr, proc.stderr[-3000:]
+    reader.kill()
+    reader.wait()
+    done = _resume(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_run(run_dir / "run.h5").scalars["run_end"][1].tolist() == [0.0]  # finished
+
+
+@pytest.mark.parametrize("name", ["model.zip", "summary.json", "config.yaml"])
+def test_a_final_file_that_cannot_be_written_stops_the_run_with_status_4(tmp_path, failwrite, name):
+    """A full disk while a run writes model.zip, summary.json or config.yaml: exit status 4 with one line naming the
+    file, no torn file left (each is written whole or not at all), and a log that does not say "finished" while
+    model.zip is missing."""
+    from agents.errors import EXIT_IO
+    from runlog import RUN_END
+
+    proc = _dqn_with_failing_disk(tmp_path, failwrite, name, 28, "full", 1000 if name == "model.zip" else 0,
+                                  "--steps", "600")
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"{name}: cannot write it (No space left on device)" in last and "Traceback" not in proc.stderr, last
+    run_dir = next(p.parent for p in tmp_path.rglob("run.h5")) if name != "config.yaml" else None
+    if run_dir is not None:
+        assert not list(run_dir.glob(f".{name}.tmp")) and not (run_dir / name).exists()
+        ends = [RUN_END[int(v)] for v in read_run(run_dir / "run.h5").scalars["run_end"][1]]
+        assert ends == (["write_error"] if name == "model.zip" else ["finished"])

@@ -387,7 +387,7 @@ def test_a_run_belongs_to_the_newest_checkpoint_that_lists_it(tmp_path):
     ({"population_size": 0}, "population_size must be a positive integer"),
 ])
 def test_bad_population_grids_are_refused(tmp_path, change, message):
-    from agents.commands import ConfigError
+    from agents.errors import ConfigError
 
     spec = {**_population_spec(), **change}
     with pytest.raises(ConfigError, match=message):
@@ -409,7 +409,7 @@ def test_a_failing_population_fails_every_member(tmp_path):
 
 def test_the_ray_backend_refuses_cuda_runs(tmp_path):
     """Ray tasks ask for CPUs only (Ray then hides the GPUs): a cuda run is refused before any cluster starts."""
-    from agents.commands import ConfigError
+    from agents.errors import ConfigError
     from agents.grid import GridRun, _run_ray
 
     run = GridRun("dqn", {"device": "cuda"}, tmp_path / "r")
@@ -478,15 +478,16 @@ def main_grid(spec: dict, out: Path) -> int:
 
 
 def test_a_failed_write_stays_the_reason_when_error_txt_cannot_be_written_either(tmp_path, monkeypatch):
-    # A full disk: the run's RunWriteError propagates (not the ENOSPC of writing ERROR.txt) and marks the process as
-    # one whose writes failed, so that no further run starts in it.
+    # A full disk: the run's RunLogWriteError propagates (not the ENOSPC of writing ERROR.txt) and marks the process
+    # as one whose log writes failed (HDF5's state), so that no further run starts in it.
     from agents import grid
-    from agents.commands import RunWriteError, get_command
+    from agents.commands import get_command
+    from runlog import RunLogWriteError
 
     [run] = plan(load_grid(_write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu]}]\n")), tmp_path / "runs")
 
     def full_disk(*args, **kwargs):
-        raise RunWriteError("cannot write run.h5 (No space left on device)")
+        raise RunLogWriteError("cannot write run.h5 (No space left on device)")
 
     write_text = Path.write_text
 
@@ -498,7 +499,7 @@ def test_a_failed_write_stays_the_reason_when_error_txt_cannot_be_written_either
     monkeypatch.setattr(get_command("stream-sin"), "run", full_disk)
     monkeypatch.setattr(Path, "write_text", no_space_for_the_error)
     monkeypatch.setattr(grid, "_WRITE_FAILED", False)
-    with pytest.raises(RunWriteError, match="cannot write run.h5"):
+    with pytest.raises(RunLogWriteError, match="cannot write run.h5"):
         run_task(run)
     assert grid._WRITE_FAILED
 

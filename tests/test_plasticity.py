@@ -1,4 +1,4 @@
-"""Plasticity and interference measures (issue 15) against values computed by hand on small cases."""
+"""Plasticity and interference measures against values computed by hand on small cases."""
 
 from __future__ import annotations
 

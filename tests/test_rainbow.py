@@ -1,4 +1,4 @@
-"""Rainbow's components against slow, obviously correct twins (issue 16): the C51 projection (a per-atom loop), the
+"""Rainbow's components against slow, obviously correct twins: the C51 projection (a per-atom loop), the
 sum tree (chi-square on sampling frequencies, exact intervals), importance weights (the formula on the whole
 buffer), n-step returns at terminations and truncations (by hand), the noisy layer's noise statistics, the dueling
 aggregation and double-Q target selection; then the agent through the CLI and the probes' view of its noise."""
@@ -359,7 +359,8 @@ def test_our_minatar_ids_are_the_packages_own_registration(monkeypatch):
     (["probe_noise=sampled"], "probe_noise must be"),
 ])
 def test_settings_that_do_not_go_together_are_refused_by_name(flags, words):
-    from agents.commands import ConfigError, get_command
+    from agents.commands import get_command
+    from agents.errors import ConfigError
 
     with pytest.raises(ConfigError, match=words):
         get_command("rainbow").make_config({"env": "CartPole-v1", "set": flags})

@@ -1,4 +1,4 @@
-"""A report over mixed runs (issue 14): DQN and PPO on CartPole, PPO and SAC on Pendulum, 3 seeds each, tiny.
+"""A report over mixed runs: DQN and PPO on CartPole, PPO and SAC on Pendulum, 3 seeds each, tiny.
 
 The report must give one section per (algorithm, env), short labels, no matplotlib warning, PDFs beside the PNGs,
 and colour maps that fit the values.

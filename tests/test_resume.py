@@ -1,4 +1,4 @@
-"""Exact resume (issue 13): runs killed at seeded times and at the dangerous moments, then ``--resume``d, end with
+"""Exact resume: runs killed at seeded times and at the dangerous moments, then ``--resume``d, end with
 the weights, optimiser states and log records of an uninterrupted run with the same seed.
 
 Each scenario kills a run (SIGKILL at a named kill point, :mod:`runlog.failpoints`, or after a seeded delay, or

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from agents.commands import ConfigError, get_command
+from agents.commands import get_command
+from agents.errors import ConfigError
 from agents.grid import load_grid, plan
 from agents.rl.config import hyperparams, resolve
 from agents.train import main
@@ -120,14 +121,14 @@ def test_classic_grid_plans_unique_runs(tmp_path):
     (["dqn", "--act", "relu", "--d", "4"], "activation 'relu' does not take d; it takes no arguments"),
     (["dqn", "--act", "maxout", "--a", "0.1"], "activation 'maxout' does not take a; it takes k"),
     (["dqn", "--lr", "-0.001"], "learning_rate must be a number > 0, got -0.001"),
-    (["dqn", "--steps", "-5"], "n_timesteps must be an integer >= 1, got -5"),
+    (["dqn", "--steps", "-5"], "n_timesteps must be an integer from 1 to 10,000,000,000,000, got -5"),
     (["dqn", "--buffer-size", "0"], "buffer_size must be an integer >= 1"),
     (["dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions"),
     (["sac", "--env", "CartPole-v1"], "sac needs continuous (Box) actions"),
     (["ppo", "--lr", "0"], "learning_rate must be a number > 0"),
     (["dqn", "--probe", "gradcov,bogus"], "unknown probe bogus"),
     (["dqn", "--set", "no_such_key=1"], "unknown dqn settings ['no_such_key']"),
-    (["dqn", "--config", "/nonexistent/c.yml"], "cannot read config file /nonexistent/c.yml"),
+    (["dqn", "--config", "/nonexistent/c.yml"], "config file /nonexistent/c.yml: no such file"),
     (["dqn", "--act", "elephant", "--a", "-1"], "a must be a positive finite number"),
     (["dqn", "--set", "policy_kwargs={foo: 1}"], "policy_kwargs: the dqn policy does not take ['foo']"),
     (["ppo", "--set", "policy_kwargs={net_arch: [8]}"], "policy_kwargs ['net_arch'] come from the config; set net_arch"),
@@ -376,7 +377,8 @@ def test_sb3_logger_outputs_on_request(tmp_path):
     import csv
     import importlib.util
 
-    from agents.commands import ConfigError, get_command
+    from agents.commands import get_command
+    from agents.errors import ConfigError
     from agents.rl.run import train
 
     cmd = get_command("ppo")

@@ -7,6 +7,10 @@ mini-batch's cross-entropy before its updates), ``task_acc_<j>`` (accuracy on ta
 end: rows of the accuracy matrix) and ``final_acc`` (all classes, after the stream), with the probes (default
 ``gradcov`` and ``sparsity``) at every task end. Probes draw from the test split of the classes seen so far, never
 from stored training samples: the learner itself keeps no buffer.
+
+An activation's arguments are flags and config keys of their own (``--k 2``, ``slope: 0.5``): ``d``, ``a`` and ``h``
+with the defaults of class_inc.yml, the others with the activation's defaults (an argument named like another
+setting keeps its default).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import torch
 from interference.activation_spec import activation_names, activation_spec
 from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 
-from ..commands import ConfigError, parse_seeds, probe_list, read_yaml
+from ..commands import probe_list
+from ..errors import ConfigError
+from ..inputs import parse_seeds, read_yaml
+from ..runfolder import write_run_file
 from .data import DATASETS, DataError, Dataset, load_dataset, seen_mask, stream_indices, task_classes
 from .learner import MODELS, ClassIncConfig, Progress, build_model, nll, seen_accuracy, task_accuracies, \
     train_class_inc
@@ -37,6 +44,10 @@ __all__ = ["COMMANDS", "ClassInc", "defaults", "method_name"]
 HYPERPARAMS = Path(__file__).resolve().parent.parent / "hyperparams" / "class_inc.yml"
 PROBE_INPUTS_PER_CLASS = 10  # test samples per class in the fixed probe inputs (sparsity)
 SCALARS_FIXED = ("test_acc", "train_loss", "final_acc", "run_end")
+#: the config keys of the run's settings (the activation's arguments beyond d, a and h are keys of their own)
+SETTINGS = frozenset(f.name for f in fields(ClassIncConfig)) - {"act_kwargs"}
+#: keys an activation argument may not take over: the run's settings and the CLI's own
+RESERVED = SETTINGS | {"act_kwargs", "seed", "probe", "device", "command", "out", "import", "help"}
 
 
 def defaults(data: str) -> dict[str, Any]:
@@ -45,6 +56,43 @@ def defaults(data: str) -> dict[str, Any]:
     if data not in table:
         raise ConfigError(f"unknown dataset {data!r}; choose from {', '.join(DATASETS)}")
     return {**table["default"], **(table[data] or {})}
+
+
+def _activation_keys() -> set[str]:
+    """Config keys of the registered activations' arguments (those not in :data:`RESERVED`)."""
+    return {a for n in activation_names() for a in activation_spec(n).arguments} - RESERVED
+
+
+def _add_activation_flags(p: argparse.ArgumentParser) -> None:
+    """A flag for each argument of the registered activations (those not in :data:`RESERVED`)."""
+    takes: dict[str, list[str]] = {}
+    for name in activation_names():
+        for arg in activation_spec(name).arguments:
+            takes.setdefault(arg, []).append(name)
+    for arg in sorted(set(takes) - RESERVED):
+        declared = activation_spec(takes[arg][0]).arguments[arg]
+        flag, text = f"--{arg.replace('_', '-')}", f"{declared.help} [{', '.join(takes[arg])}]"
+        if declared.type is bool:
+            p.add_argument(flag, dest=arg, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            p.add_argument(flag, dest=arg, type=declared.type, metavar="N" if declared.type is int else "X", help=text)
+
+
+def _config(values: Mapping[str, Any]) -> ClassIncConfig:
+    """The run's settings of a flat config, seeds left out (unchecked)."""
+    return ClassIncConfig(**{k: v for k, v in values.items() if k in SETTINGS - {"seeds"}},
+                          act_kwargs={k: v for k, v in values.items() if k in _activation_keys()})
+
+
+def _config_dict(cfg: ClassIncConfig) -> dict[str, Any]:
+    """``cfg`` as a flat config: the activation's arguments are keys of their own."""
+    out = asdict(cfg)
+    act_kwargs = out.pop("act_kwargs")
+    return {**out, **act_kwargs, "seeds": list(cfg.seeds)}
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _check(cfg: ClassIncConfig) -> None:
@@ -89,6 +137,7 @@ def _tag(config: Mapping[str, Any]) -> str:
     parts = [f"lr{config['lr']:g}", f"E{config['updates']}"]
     if "a" in spec.arguments:
         parts.append(f"a{config['a']:g}")
+    parts += [f"{k}{_text(config[k])}" for k in sorted(_activation_keys() & set(config))]
     if config["sigma_bias"] is not None:
         parts.append(f"sb{config['sigma_bias']:g}")
     if config["layer_norm"] is not None:
@@ -129,6 +178,7 @@ class ClassInc:
         p.add_argument("--d", type=float, help="Elephant d (default 4)")
         p.add_argument("--a", type=float, help="Elephant a (default 0.08; the paper sweeps 0.02 .. 0.32)")
         p.add_argument("--h", type=float, help="Elephant h (default 1)")
+        _add_activation_flags(p)
         p.add_argument("--conv-channels", dest="conv_channels", type=int, help="cnn: convolution channels (64)")
         p.add_argument("--lr", type=float, help="RMSprop learning rate (decay 0.999)")
         p.add_argument("--batch-size", dest="batch_size", type=int,
@@ -156,23 +206,29 @@ class ClassInc:
         data = values.get("data", "split-digits")
         if data not in DATASETS:
             raise ConfigError(f"unknown dataset {data!r}; choose from {', '.join(DATASETS)}")
-        known = {f.name for f in fields(ClassIncConfig)}
-        extra = set(values) - known - {"seed", "probe", "device"}
+        act_keys = _activation_keys() & set(values)
+        extra = set(values) - SETTINGS - act_keys - {"seed", "probe", "device"}
         if extra:
             raise ConfigError(f"class-inc does not take {', '.join(sorted(extra))}")
         given = {k for k, v in values.items() if v is not None}
         act = values.get("act") or defaults(data)["act"]
-        ignored = [k for k in ("d", "a", "h") if k in given and act in activation_names()
-                   and k not in activation_spec(act).arguments]
+        if act not in activation_names():
+            raise ConfigError(f"unknown activation {act!r}; choose from {', '.join(activation_names())}")
+        spec = activation_spec(act)
+        ignored = [k for k in ("d", "a", "h", *sorted(act_keys)) if k in given and k not in spec.arguments]
         ignored += [k for k in ("conv_channels",) if k in given and (values.get("model") or "mlp") != "cnn"]
         ignored += [k for k in ("ewc_gamma",) if k in given and not values.get("ewc_lambda")]
         if ignored:
             raise ConfigError(f"{', '.join(ignored)} would be ignored here ({act} takes "
-                              f"{', '.join(activation_spec(act).arguments) or 'no arguments'}; conv_channels is for "
+                              f"{', '.join(spec.arguments) or 'no arguments'}; conv_channels is for "
                               "--model cnn; ewc_gamma needs --ewc-lambda > 0)")
-        merged = {**defaults(data), **{k: v for k, v in values.items() if k in known and v is not None}}
-        cfg = ClassIncConfig(**{k: v for k, v in merged.items() if k != "seeds"})
+        merged = {**defaults(data), **{k: v for k, v in values.items() if k in SETTINGS and v is not None}}
+        cfg = _config(merged)
         cfg.seeds = parse_seeds(values.get("seeds", values.get("seed", (0,))))
+        try:
+            cfg.act_kwargs = spec.parse_arguments({k: values[k] for k in act_keys if values[k] is not None})
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         _check(cfg)
         try:
             build_model(cfg, (1, 8, 8) if cfg.model == "cnn" else (4,), 2, 0)  # the activation's width rules
@@ -186,7 +242,7 @@ class ClassInc:
         device = values.get("device") or "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda: this machine has no CUDA device")
-        return {"command": self.name, **asdict(cfg), "seeds": list(cfg.seeds), "probe": probes, "device": device}
+        return {"command": self.name, **_config_dict(cfg), "probe": probes, "device": device}
 
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
         data = config["data"]
@@ -197,7 +253,7 @@ class ClassInc:
                 / f"w{config['width']}-bs{config['batch_size']}" / _tag(config))
 
     def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-        cfg = ClassIncConfig(**{k: v for k, v in config.items() if k in {f.name for f in fields(ClassIncConfig)}})
+        cfg = _config(config)
         cfg.seeds = tuple(config["seeds"])
         try:
             data = load_dataset(cfg.data, cfg.data_root)
@@ -222,7 +278,7 @@ class ClassInc:
                    "mean_final_acc": float(acc.mean()) if ok else None,
                    "sem_final_acc": float(acc.std(ddof=1) / math.sqrt(len(acc))) if ok and len(acc) > 1 else None,
                    "status": "finished" if ok else "nan"}
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=1))
         return summary
 
 

@@ -66,11 +66,14 @@ class ClassIncConfig:
     eval_every: int = 10
     eval_samples: int = 0
     seeds: tuple[int, ...] = field(default=(0,))
+    act_kwargs: dict[str, object] = field(default_factory=dict)  # the activation's other arguments, where set
 
 
-def _act_kwargs(cfg: ClassIncConfig) -> dict[str, float]:
+def _act_kwargs(cfg: ClassIncConfig) -> dict[str, object]:
+    """The activation's arguments: ``d``, ``a`` and ``h`` where its spec has arguments of those names, and
+    ``act_kwargs``."""
     spec = activation_spec(cfg.act)
-    return {k: float(getattr(cfg, k)) for k in ("d", "a", "h") if k in spec.arguments}
+    return {**{k: float(getattr(cfg, k)) for k in ("d", "a", "h") if k in spec.arguments}, **cfg.act_kwargs}
 
 
 def build_model(cfg: ClassIncConfig, input_shape: Sequence[int], n_classes: int, seed: int) -> nn.Sequential:

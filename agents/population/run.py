@@ -40,12 +40,14 @@ import torch
 import yaml
 
 from agents.allocator import retain_freed_memory
-from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError, get_command, holds_config
+from agents.commands import get_command
+from agents.errors import EXIT_IO, ConfigError, RunWriteError, exit_status
+from agents.inputs import int_list, parse_seeds
+from agents.runfolder import OUTPUT_KEYS, holds_config, write_run_file
 from agents.rl.checkpoint import CheckpointWriteError, write_atomic
 from agents.rl.config import probe_arguments, resolve
-from agents.runlock import RunFolderBusy, run_lock
+from agents.runlock import run_lock
 from agents.signals import STOP_SIGNALS, handling
-from agents.train import EXIT_BUSY, EXIT_IO
 from probes import ProbeContext, ProbeRunner, make_probe
 from runlog import RunLogWriteError
 from probes.sb3 import SCALARS
@@ -240,7 +242,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                                   extra_attrs={"engine": f"population:{pop.implementation}",
                                                "population_size": len(members)}))
             if state is None:  # (after its log: a start killed in between leaves no config.yaml beside another's log)
-                (d / "config.yaml").write_text(yaml.safe_dump(c, sort_keys=False))
+                write_run_file(d / "config.yaml", yaml.safe_dump(c, sort_keys=False))
         # for the grid runner and later resumes: which runs, and which of their logs, this checkpoint holds
         record_members(path, dirs, Path(out), [log.runner.log.log_id for log in logs])
     except BaseException:  # (the logs opened so far: their files and locks are not left to the process's end)
@@ -304,20 +306,21 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
         # (cloned: a member's tensors are views of the population's, whose whole storage torch.save would write)
-        torch.save({k: v.cpu().clone() for k, v in pop.member_state(m).items()}, d / "q_net.pt")
-        (d / "summary.json").write_text(json.dumps(summary, indent=1))
+        state = {k: v.cpu().clone() for k, v in pop.member_state(m).items()}
+        write_run_file(d / "q_net.pt", lambda f, state=state: torch.save(state, f))
+        write_run_file(d / "summary.json", json.dumps(summary, indent=1))
         summaries.append(summary)
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     members_file(path).unlink(missing_ok=True)
     return summaries
 
 
-def _ints(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-    return out
+def _numbers(text: str, kind: type, flag: str) -> list[Any]:
+    """A flag's comma-separated numbers; ConfigError naming the flag and the bad item."""
+    try:
+        return [kind(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated {kind.__name__}s, got {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -348,29 +351,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         values["set"] = args.set
     try:
         base = resolve("dqn", values)
-        lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else [base["learning_rate"]]
-        buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else [base["buffer_size"]]
-        finals = [float(x) for x in args.final_eps.split(",")] if args.final_eps else [None]
-        decays = [int(x) for x in args.eps_steps.split(",")] if args.eps_steps else [None]
+        lrs = _numbers(args.lrs, float, "--lrs") if args.lrs else [base["learning_rate"]]
+        buffers = _numbers(args.buffers, int, "--buffers") if args.buffers else [base["buffer_size"]]
+        finals = _numbers(args.final_eps, float, "--final-eps") if args.final_eps else [None]
+        decays = _numbers(args.eps_steps, int, "--eps-steps") if args.eps_steps else [None]
         members = [Member(s, lr, b, exploration_final_eps=f, exploration_steps=n)
-                   for s, lr, b, f, n in itertools.product(_ints(args.seeds), lrs, buffers, finals, decays)]
+                   for s, lr, b, f, n in itertools.product(parse_seeds(int_list(args.seeds, "--seeds")), lrs, buffers, finals,
+                                                                 decays)]
         with contextlib.ExitStack() as locks:  # one writer per run folder, as agents.train
             for d in member_dirs(member_configs(values, members), args.out):
                 d.mkdir(parents=True, exist_ok=True)
                 locks.enter_context(run_lock(d))
             summaries = train_population(values, members, args.out, args.implementation, args.device, args.resume,
                                          args.checkpoint_every)
-    except (ConfigError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - the errors a run ends with: one line and their status; others raise
+        status = exit_status(err) or (2 if isinstance(err, ValueError) else None)
+        if status is None:
+            raise
         print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    except RunFolderBusy as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return EXIT_BUSY
-    except (RunLogWriteError, RunWriteError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_IO)  # as agents.train: HDF5 objects of a file whose writes failed can crash the exit
+        if isinstance(err, RunLogWriteError):  # as agents.train: HDF5 objects of a failed log can crash the exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_IO)
+        return status
     for s in summaries:
         print(f"{s['run_dir']}: final return {s['final_return']}")
     print(f"{len(members)} members, {summaries[0]['population_steps_per_second']:,.0f} env steps/s in all",

@@ -30,7 +30,7 @@ from .policies import ActActorCriticPolicy, ActDQNPolicy, ActSACPolicy, MinAtarC
 from .rainbow import NatureConv, Rainbow, RainbowPolicy, rainbow_context
 from .settings import DQNSettings, PPOSettings, RainbowSettings, SACSettings
 
-__all__ = ["RLAlgo", "ALGOS", "get_algo"]
+__all__ = ["RLAlgo", "ALGOS"]
 
 #: a hidden MLP's (input width, output width) from (features width, number of actions or action dimensions)
 Widths = Callable[[int, int], tuple[int, int]]
@@ -155,9 +155,3 @@ SAC_ALGO = RLAlgo(
 
 ALGOS: dict[str, RLAlgo] = {a.name: a for a in (DQN, RAINBOW, PPO_ALGO, SAC_ALGO)}
 
-
-def get_algo(name: str) -> RLAlgo:
-    """The declaration of ``name``; ValueError naming the choices if there is none."""
-    if name not in ALGOS:
-        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGOS)}")
-    return ALGOS[name]

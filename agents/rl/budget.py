@@ -43,7 +43,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.preprocessing import get_action_dim, is_image_space, is_image_space_channels_first
 from stable_baselines3.common.vec_env import VecEnv, VecTransposeImage
 
-from agents.commands import ConfigError
+from agents.errors import ConfigError
 
 from .frame_buffer import frame_buffer_bytes
 

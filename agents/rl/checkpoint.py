@@ -55,7 +55,8 @@ from stable_baselines3.common.save_util import recursive_getattr
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from torch import Tensor, nn
 
-from agents.commands import OUTPUT_KEYS, ConfigError, RunWriteError
+from agents.errors import ConfigError, RunWriteError
+from agents.runfolder import OUTPUT_KEYS
 from runlog.failpoints import kill_point
 from runlog.provenance import provenance
 from probes.sb3 import ProbeCallback

@@ -28,7 +28,7 @@ def number(value: Any) -> float:
     return value
 
 
-def integer(lo: int | None = None, optional: bool = False) -> Callable[[Any], int | None]:
+def integer(lo: int | None = None, optional: bool = False, hi: int | None = None) -> Callable[[Any], int | None]:
     def check(value: Any) -> int | None:
         if value is None and optional:
             return None
@@ -36,8 +36,8 @@ def integer(lo: int | None = None, optional: bool = False) -> Callable[[Any], in
         if float(v) != int(v):
             raise ValueError("an integer")
         v = int(v)
-        if lo is not None and v < lo:
-            raise ValueError(f"an integer >= {lo}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ValueError(f"an integer from {lo} to {hi:,}" if hi is not None else f"an integer >= {lo}")
         return v
     return check
 
@@ -82,6 +82,20 @@ def mapping(value: Any) -> dict:
     return {str(k): v for k, v in value.items()}
 
 
+def env_kwargs(value: Any) -> dict:
+    kwargs = mapping(value)
+    if kwargs.get("render_mode") is not None:
+        raise ValueError("arguments of gymnasium.make without render_mode (runs are headless: a window or frames "
+                         "rendered at every step would stall training)")
+    return kwargs
+
+
+#: the widest hidden layer accepted, and the most weights between hidden layers: bounds that refuse a typo's
+#: billion-unit network before it is built (hundreds of GB) instead of exhausting the memory
+MAX_WIDTH = 2**24
+MAX_HIDDEN_WEIGHTS = 2**32
+
+
 def widths(value: Any) -> list[int]:
     if isinstance(value, str):
         value = [v for v in value.replace(" ", "").split(",") if v]
@@ -89,7 +103,10 @@ def widths(value: Any) -> list[int]:
         value = [value]
     if not isinstance(value, Sequence):
         raise ValueError("a list of positive widths, e.g. [1000] or 256,256")
-    return [integer(1)(v) for v in value]
+    out = [integer(1, hi=MAX_WIDTH)(v) for v in value]
+    if sum(a * b for a, b in zip(out, out[1:])) > MAX_HIDDEN_WEIGHTS:
+        raise ValueError(f"hidden layers with at most {MAX_HIDDEN_WEIGHTS:,} weights between them (memory)")
+    return out
 
 
 def net_arch(value: Any) -> list[int] | dict[str, list[int]]:

@@ -26,7 +26,8 @@ import torch
 
 import yaml
 
-from agents.commands import ConfigError, read_yaml
+from agents.errors import ConfigError
+from agents.inputs import parse_yaml_value, read_yaml
 from interference.activation_spec import activation_names, activation_spec
 
 from . import checks as c
@@ -139,7 +140,7 @@ def _split_flags(algo: str, values: Mapping[str, Any]) -> tuple[dict[str, Any], 
                 if not sep or not name:
                     raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
                 name = ALIASES.get(name.strip(), name.strip())
-                config[name] = yaml.safe_load(raw)
+                config[name] = parse_yaml_value(raw, f"--set {name}")
         elif key in arg_names:
             activation_kwargs[key] = value
         else:

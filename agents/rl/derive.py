@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import is_image_space
 
-from agents.commands import ConfigError
+from agents.errors import ConfigError
 from interference.activation_spec import activation_spec
 from interference.nets import match_width
 
@@ -55,7 +55,11 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(action_space, spec.actions):
         raise ConfigError(f"{algo} {spec.actions_text}; {config['env']} has {action_space}")
     minatar = is_minatar(config["env"])  # boolean (H, W, C) grids: MinAtar's own small convolution
-    cnn = minatar or is_image_space(obs_space, check_channels=False)
+    image = is_image_space(obs_space, check_channels=False)
+    cnn = minatar or image
+    if config.get("replay") == "frames" and not (image and len(obs_space.shape) == 3):
+        raise ConfigError(f"replay=frames stores stacks of image frames; {config['env']} observes "
+                          f"{tuple(obs_space.shape)} {obs_space.dtype}: use replay=full")
     act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
     net = (act, act_kwargs, config["layer_norm"])
     n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))

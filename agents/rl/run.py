@@ -26,7 +26,8 @@ from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from agents.allocator import retain_freed_memory
-from agents.commands import OUTPUT_KEYS, RunWriteError, holds_config
+from agents.errors import RunWriteError
+from agents.runfolder import OUTPUT_KEYS, holds_config, write_run_file
 from interference.nets import count_parameters
 from probes import make_probe
 from runlog import RunLogWriteError
@@ -169,7 +170,7 @@ def _start(config: Mapping[str, Any], run_dir: Path, resume: bool, before_load: 
         print(f"{run_dir}: replacing the files of an earlier run ({', '.join(stale)}){hint}", file=sys.stderr)
         for name in stale:
             _remove(run_dir / name)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    write_run_file(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     return None, None
 
 
@@ -334,7 +335,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
                              n_inputs=config["probe_inputs"], loss_every=max(1, steps // 100),
                              end_status=lambda: run_cb.stop_reason or "finished",
                              context=ALGOS[config["algo"]].probe_context,
-                             resume=None if state is None else state["probes"])
+                             resume=None if state is None else state["probes"], finish_at_training_end=False)
     callbacks = [run_cb, probe_cb]
     if config.get("eval_every"):
         callbacks.append(EvalCallback(lambda s: build_eval_env(config, s), config["eval_every"],
@@ -346,30 +347,31 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     with stop_on_signals(run_cb):
         ended: bool | str = False  # whether the run ended in a way run_end can say (finished, interrupted, diverged)
         try:
-            model.learn(steps - model.num_timesteps, callback=CallbackList(callbacks),
-                        log_interval=1 if sb3_log else None, reset_num_timesteps=state is None)
+            try:
+                model.learn(steps - model.num_timesteps, callback=CallbackList(callbacks),
+                            log_interval=1 if sb3_log else None, reset_num_timesteps=state is None)
+            except (ValueError, RuntimeError) as err:
+                if not _diverged(model, config["algo"], run_cb, err):
+                    raise
+                run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
+            write_run_file(run_dir / "model.zip", model.save)  # on disk before the log says how the run ended
             ended = True
         except (RunLogWriteError, RunWriteError):
             ended = "write_error"
             raise
-        except (ValueError, RuntimeError) as err:
-            if not _diverged(model, config["algo"], run_cb, err):
-                raise
-            ended = True
-            run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
         finally:
-            # a no-op after a normal end; otherwise the log is closed readable, with run_end for a divergence or a
-            # failed write (a crash leaves none: the run did not finish, and readers treat a log without run_end so)
+            # the log is closed readable, with run_end once model.zip is on disk (finished, interrupted, diverged) or
+            # for a failed write (a crash leaves none: the run did not finish, and readers treat a log without
+            # run_end so)
             probe_cb.finish(end=ended)
             if run_cb.bar is not None:
                 run_cb.bar.close()
-        model.save(run_dir / "model.zip")
         env.close()
 
         status = run_cb.stop_reason or "finished"
         summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None,
                            next((cb for cb in callbacks if isinstance(cb, EvalCallback)), None))
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=1))  # last: the folder's "finished"
         if status in ("finished", "nan"):  # the run ended (a resumed diverged run would diverge again)
             _remove_checkpoint(run_dir)  # model.zip and the log hold it
     if status == "interrupted":

@@ -36,9 +36,9 @@ class Common:
     """Settings of every RL algorithm."""
 
     env: str = _s(str, "Gymnasium id, Catcher-PLE-v0 / Pixelcopter-PLE-v0, or an ALE id")
-    seed: int = _s(c.integer(0), "random seed")
+    seed: int = _s(c.integer(0, hi=2**32 - 1), "random seed")
     device: str = _s(c.device, "cpu, cuda, cuda:N or auto")
-    n_timesteps: int = _s(c.integer(1), "env steps to train")
+    n_timesteps: int = _s(c.integer(1, hi=10**13), "env steps to train")
     act: str = _s(str, "hidden activation (a registered activation spec)")
     act_kwargs: dict = _s(c.mapping, "the activation's arguments")
     sigma_bias: float | None = _s(c.real(0.0, optional=True), "spread of the hidden biases; null: zero biases")
@@ -56,7 +56,7 @@ class Common:
     max_grad_norm: float | None = _s(c.real(0.0, open_lo=True, optional=True), "gradient clipping; null: none")
     n_envs: int = _s(c.integer(1), "parallel environments")
     max_episode_steps: int | None = _s(c.integer(1, optional=True), "episode step limit; null: the env's")
-    env_kwargs: dict = _s(c.mapping, "arguments of gymnasium.make")
+    env_kwargs: dict = _s(c.env_kwargs, "arguments of gymnasium.make (no render_mode)")
     frame_stack: int = _s(c.integer(1), "frames stacked (image observations)")
     atari_wrapper_kwargs: dict = _s(c.mapping, "arguments of SB3's AtariWrapper")
     policy_kwargs: dict = _s(c.mapping, "further arguments of the policy class")

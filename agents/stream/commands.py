@@ -2,6 +2,11 @@
 
 Run folders: ``OUT/stream-sin/<method>/lr<lr>/seed<k>/run.h5`` (one HDF5 run log per seed; all seeds of a folder
 train together) and ``OUT/edit/<act>/edit.h5``.
+
+An activation's arguments are flags and config keys of their own (``--k 2``, ``slope: 0.5``): ``d``, ``a`` and ``h``
+with the paper's Elephant values as defaults, the others with the activation's defaults. An argument named like
+another setting keeps its default; ``learnable`` is always off (the stacked ensemble trains no activation
+parameters).
 """
 
 from __future__ import annotations
@@ -18,18 +23,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from interference.activation_spec import activation_names
+from interference.activation_spec import activation_names, activation_spec
 from interference.gradcov import LossFn
 from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 from runlog import END, Field, RunLog
 
-from ..commands import ConfigError, parse_seeds, probe_list
+from ..commands import probe_list
+from ..errors import ConfigError
+from ..inputs import parse_seeds
+from ..runfolder import write_run_file
 from .edit import EditConfig, edit
 from .learner import Ensemble, StreamConfig, build_net, train_stream
 
 __all__ = ["COMMANDS", "StreamSin", "Edit", "stream_probes", "sample_steps"]
 
 N_PROBE_INPUTS = 201
+#: the config keys of the stream's settings (the activation's arguments beyond d, a and h are keys of their own)
+SETTINGS = frozenset(f.name for f in fields(StreamConfig)) - {"act_kwargs"}
+#: keys an activation argument may not take over: the settings of both commands, the CLI's own, and learnable
+RESERVED = SETTINGS | {f.name for f in fields(EditConfig)} | {"act_kwargs", "seed", "probe", "probe_at", "command",
+                                                               "out", "import", "help", "learnable"}
 
 
 def _steps(value: Any) -> tuple[int, ...]:
@@ -41,12 +54,21 @@ def _steps(value: Any) -> tuple[int, ...]:
         raise ConfigError(f"probe steps must be integers, got {value!r}") from None
 
 
+def _activation_keys() -> set[str]:
+    """Config keys of the registered activations' arguments (those not in :data:`RESERVED`)."""
+    return {a for n in activation_names() for a in activation_spec(n).arguments} - RESERVED
+
+
 def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
-    known = {f.name for f in fields(StreamConfig)}
-    cfg = StreamConfig(**{k: v for k, v in values.items() if k in known and k != "seeds"})
+    cfg = StreamConfig(**{k: v for k, v in values.items() if k in SETTINGS - {"seeds"}})
     cfg.seeds = parse_seeds(values.get("seeds", values.get("seed", (0,))))
     if cfg.act not in activation_names():
         raise ConfigError(f"unknown activation {cfg.act!r}; choose from {', '.join(activation_names())}")
+    try:
+        cfg.act_kwargs = activation_spec(cfg.act).parse_arguments(
+            {k: v for k, v in values.items() if k in _activation_keys()})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for name in ("lr", "d", "a", "h"):
         v = getattr(cfg, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -61,10 +83,32 @@ def _stream_config(values: Mapping[str, Any]) -> StreamConfig:
     if not 0 < cfg.srnn_beta < 1:
         raise ConfigError(f"srnn_beta must be in (0, 1), got {cfg.srnn_beta!r}")
     try:
-        build_net(cfg, 0)  # the activation's width rules (e.g. Maxout's width divisible by k)
+        Ensemble([build_net(cfg, 0)])  # the activation's width rules (e.g. Maxout's width divisible by k)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"--act {cfg.act} with width {cfg.width}: {err}") from None
     return cfg
+
+
+def _config_dict(cfg: StreamConfig) -> dict[str, Any]:
+    """``cfg`` as a flat config: the activation's arguments are keys of their own."""
+    out = asdict(cfg)
+    act_kwargs = out.pop("act_kwargs")
+    return {**out, **act_kwargs, "seeds": list(cfg.seeds)}
+
+
+def _add_activation_flags(p: argparse.ArgumentParser) -> None:
+    """A flag for each argument of the registered activations (those not in :data:`RESERVED`)."""
+    takes: dict[str, list[str]] = {}
+    for name in activation_names():
+        for arg in activation_spec(name).arguments:
+            takes.setdefault(arg, []).append(name)
+    for arg in sorted(set(takes) - RESERVED):
+        declared = activation_spec(takes[arg][0]).arguments[arg]
+        flag, text = f"--{arg.replace('_', '-')}", f"{declared.help} [{', '.join(takes[arg])}]"
+        if declared.type is bool:
+            p.add_argument(flag, dest=arg, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            p.add_argument(flag, dest=arg, type=declared.type, metavar="N" if declared.type is int else "X", help=text)
 
 
 def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,6 +127,7 @@ def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sigma-bias", dest="sigma_bias", type=float,
                    help=f"bias spread sigma_bias of activations that spread their biases, e.g. Elephant "
                         f"(default {d.sigma_bias:g})")
+    _add_activation_flags(p)
 
 
 class StreamSin:
@@ -111,13 +156,14 @@ class StreamSin:
         if unknown:
             raise ConfigError(f"unknown probe {unknown[0]!r}; choose from {', '.join(sorted(PROBES))}")
         at = _steps(values.get("probe_at", (1, 25, 50, 100, 150, cfg.n)))
-        extra = set(values) - {f.name for f in fields(StreamConfig)} - {"seed", "probe", "probe_at"}
+        extra = set(values) - SETTINGS - set(cfg.act_kwargs) - {"seed", "probe", "probe_at"}
         if extra:
             raise ConfigError(f"stream-sin does not take {', '.join(sorted(extra))}")
-        return {"command": self.name, **asdict(cfg), "seeds": list(cfg.seeds), "probe": probes, "probe_at": list(at)}
+        return {"command": self.name, **_config_dict(cfg), "probe": probes, "probe_at": list(at)}
 
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
         method = config["act"]
+        method += "".join(f"-{k}{_text(config[k])}" for k in sorted(_activation_keys() & set(config)))
         if config["srnn_lambda"] > 0:
             method += f"-srnn-l{config['srnn_lambda']:g}-b{config['srnn_beta']:g}"
         return Path(out) / self.name / method / f"lr{config['lr']:g}"
@@ -147,8 +193,12 @@ class StreamSin:
                 runner.close()
         summary = {"final_mse": dict(zip(map(str, cfg.seeds), result.final_mse.tolist())),
                    "mean_final_mse": float(result.final_mse.mean())}
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=1))
         return summary
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _mse(model: torch.nn.Module, batch) -> torch.Tensor:
@@ -197,7 +247,7 @@ def stream_probes(cfg: StreamConfig, seed: int, names: list[str], at: list[int],
     losses: dict[str, LossFn] = {"mse": _mse}
     ctx = ProbeContext(step=0, model=build_net(cfg, seed), losses=losses, inputs=inputs,
                        current=inputs[:1], sample=_sampler(inputs, torch.sin(math.pi * inputs), np.random.default_rng(0)))
-    config = {"algo": "stream-sin", **asdict(cfg), "seeds": None, "seed": seed}
+    config = {"algo": "stream-sin", **_config_dict(cfg), "seeds": None, "seed": seed}
     runner = ProbeRunner(probes, path, example=ctx, config=config, seed=seed, scalars=("test_mse", END), overwrite=True)
     return runner, ctx
 
@@ -219,14 +269,13 @@ class Edit:
     def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
         cfg = _stream_config(values)
         edit_keys = {f.name for f in fields(EditConfig)} - {"stream"}
-        extra = set(values) - {f.name for f in fields(StreamConfig)} - edit_keys - {"seed"}
+        extra = set(values) - SETTINGS - set(cfg.act_kwargs) - edit_keys - {"seed"}
         if extra:
             raise ConfigError(f"edit does not take {', '.join(sorted(extra))}")
         e = EditConfig(cfg, **{k: v for k, v in values.items() if k in edit_keys})
         if e.tol <= 0 or e.far < 0 or e.pretrain_steps <= 0:
             raise ConfigError("tol must be > 0, far >= 0 and pretrain_steps > 0")
-        return {"command": self.name, **asdict(cfg), "seeds": list(cfg.seeds),
-                **{k: getattr(e, k) for k in sorted(edit_keys)}}
+        return {"command": self.name, **_config_dict(cfg), **{k: getattr(e, k) for k in sorted(edit_keys)}}
 
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
         return Path(out) / self.name / config["act"]

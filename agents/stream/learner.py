@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ class StreamConfig:
     sigma_bias: float = 1.28
     srnn_lambda: float = 0.0
     srnn_beta: float = 0.1
+    act_kwargs: dict[str, Any] = field(default_factory=dict)  # the activation's other arguments, where set
 
 
 @dataclass
@@ -63,13 +65,14 @@ def sine_stream(n: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Ten
 def build_net(cfg: StreamConfig, seed: int) -> nn.Sequential:
     """The paper's 1-width-1 net for one seed, without LayerNorm (the streaming task's setting).
 
-    The activation takes the config's ``d``, ``a`` and ``h`` where its spec has arguments of those names, fixed
-    (``learnable=False`` where it has that argument); the hidden biases are spread with the config's
-    ``sigma_bias`` where the spec's convention spreads them (Elephant), zero otherwise.
+    The activation takes the config's ``d``, ``a`` and ``h`` where its spec has arguments of those names and
+    ``act_kwargs``, fixed (``learnable=False`` where it has that argument); the hidden biases are spread with the
+    config's ``sigma_bias`` where the spec's convention spreads them (Elephant), zero otherwise.
     """
     torch.manual_seed(seed)
     spec = activation_spec(cfg.act)
-    kwargs: dict[str, object] = {k: getattr(cfg, k) for k in ("d", "a", "h") if k in spec.arguments}
+    kwargs: dict[str, Any] = {k: getattr(cfg, k) for k in ("d", "a", "h") if k in spec.arguments}
+    kwargs.update(cfg.act_kwargs)
     if "learnable" in spec.arguments:
         kwargs["learnable"] = False
     sigma = cfg.sigma_bias if spec.sigma_bias is not None else None
