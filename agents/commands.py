@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import re
 import shutil
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from .errors import ConfigError
 
-__all__ = ["Command", "commands", "first_sentence", "get_command", "probe_list", "register_command"]
+__all__ = ["Command", "add_activation_flags", "commands", "first_sentence", "get_command", "probe_list",
+           "register_command"]
 
 
 _RST = [(re.compile(r":[\w:]+:`~?([^`]+)`"), r"\1"), (re.compile(r"``([^`]+)``"), r"\1"),
@@ -70,6 +68,25 @@ def probe_list(indent: str = "  ", width: int | None = None) -> str:
         lines.extend(textwrap.wrap(text, max(width, 60), subsequent_indent=" " * (len(indent) + column),
                                    break_on_hyphens=False))
     return "\n".join(lines)
+
+
+def add_activation_flags(parser: argparse.ArgumentParser, reserved: Collection[str]) -> None:
+    """A flag for each argument of the registered activations (``--d``, ``--k``, a plugin's own), except the names
+    in ``reserved`` (the command's settings): its help names the activations that take it."""
+    from interference.activation_spec import activation_names, activation_spec
+
+    takes: dict[str, list[str]] = {}
+    for name in activation_names():
+        for arg in activation_spec(name).arguments:
+            takes.setdefault(arg, []).append(name)
+    for arg in sorted(set(takes) - set(reserved)):
+        declared = activation_spec(takes[arg][0]).arguments[arg]
+        flag, text = f"--{arg.replace('_', '-')}", f"{declared.help} [{', '.join(takes[arg])}]"
+        if declared.type is bool:
+            parser.add_argument(flag, dest=arg, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            parser.add_argument(flag, dest=arg, type=declared.type, metavar="N" if declared.type is int else "X",
+                                help=text)
 
 
 class Command(Protocol):

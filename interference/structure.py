@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 from torch.nn.functional import cross_entropy as _cross_entropy

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -31,7 +31,7 @@ import torch
 from interference.activation_spec import activation_names, activation_spec
 from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 
-from ..commands import probe_list
+from ..commands import add_activation_flags, probe_list
 from ..errors import ConfigError
 from ..inputs import parse_seeds, read_yaml
 from ..runfolder import write_run_file
@@ -61,21 +61,6 @@ def defaults(data: str) -> dict[str, Any]:
 def _activation_keys() -> set[str]:
     """Config keys of the registered activations' arguments (those not in :data:`RESERVED`)."""
     return {a for n in activation_names() for a in activation_spec(n).arguments} - RESERVED
-
-
-def _add_activation_flags(p: argparse.ArgumentParser) -> None:
-    """A flag for each argument of the registered activations (those not in :data:`RESERVED`)."""
-    takes: dict[str, list[str]] = {}
-    for name in activation_names():
-        for arg in activation_spec(name).arguments:
-            takes.setdefault(arg, []).append(name)
-    for arg in sorted(set(takes) - RESERVED):
-        declared = activation_spec(takes[arg][0]).arguments[arg]
-        flag, text = f"--{arg.replace('_', '-')}", f"{declared.help} [{', '.join(takes[arg])}]"
-        if declared.type is bool:
-            p.add_argument(flag, dest=arg, action=argparse.BooleanOptionalAction, help=text)
-        else:
-            p.add_argument(flag, dest=arg, type=declared.type, metavar="N" if declared.type is int else "X", help=text)
 
 
 def _config(values: Mapping[str, Any]) -> ClassIncConfig:
@@ -178,7 +163,7 @@ class ClassInc:
         p.add_argument("--d", type=float, help="Elephant d (default 4)")
         p.add_argument("--a", type=float, help="Elephant a (default 0.08; the paper sweeps 0.02 .. 0.32)")
         p.add_argument("--h", type=float, help="Elephant h (default 1)")
-        _add_activation_flags(p)
+        add_activation_flags(p, RESERVED)
         p.add_argument("--conv-channels", dest="conv_channels", type=int, help="cnn: convolution channels (64)")
         p.add_argument("--lr", type=float, help="RMSprop learning rate (decay 0.999)")
         p.add_argument("--batch-size", dest="batch_size", type=int,

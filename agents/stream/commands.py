@@ -28,7 +28,7 @@ from interference.gradcov import LossFn
 from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 from runlog import END, Field, RunLog
 
-from ..commands import probe_list
+from ..commands import add_activation_flags, probe_list
 from ..errors import ConfigError
 from ..inputs import parse_seeds
 from ..runfolder import write_run_file
@@ -96,21 +96,6 @@ def _config_dict(cfg: StreamConfig) -> dict[str, Any]:
     return {**out, **act_kwargs, "seeds": list(cfg.seeds)}
 
 
-def _add_activation_flags(p: argparse.ArgumentParser) -> None:
-    """A flag for each argument of the registered activations (those not in :data:`RESERVED`)."""
-    takes: dict[str, list[str]] = {}
-    for name in activation_names():
-        for arg in activation_spec(name).arguments:
-            takes.setdefault(arg, []).append(name)
-    for arg in sorted(set(takes) - RESERVED):
-        declared = activation_spec(takes[arg][0]).arguments[arg]
-        flag, text = f"--{arg.replace('_', '-')}", f"{declared.help} [{', '.join(takes[arg])}]"
-        if declared.type is bool:
-            p.add_argument(flag, dest=arg, action=argparse.BooleanOptionalAction, help=text)
-        else:
-            p.add_argument(flag, dest=arg, type=declared.type, metavar="N" if declared.type is int else "X", help=text)
-
-
 def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
     d = StreamConfig()
     p.add_argument("--act", choices=activation_names(), help=f"hidden activation (default {d.act})")
@@ -127,7 +112,7 @@ def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sigma-bias", dest="sigma_bias", type=float,
                    help=f"bias spread sigma_bias of activations that spread their biases, e.g. Elephant "
                         f"(default {d.sigma_bias:g})")
-    _add_activation_flags(p)
+    add_activation_flags(p, RESERVED)
 
 
 class StreamSin:
