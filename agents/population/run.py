@@ -284,6 +284,10 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
             print(f"{path}: stopped by signal {stop[0]} at step {pop.num_timesteps} of {steps}, checkpointed; "
                   "--resume continues", file=sys.stderr)
             raise SystemExit(128 + stop[0])
+        for m, d in enumerate(dirs):  # the weights on disk before the logs say how the runs ended
+            # (cloned: a member's tensors are views of the population's, whose whole storage torch.save would write)
+            state = {k: v.cpu().clone() for k, v in pop.member_state(m).items()}
+            write_run_file(d / "q_net.pt", lambda f, state=state: torch.save(state, f))
         for log in ongoing:
             log.runner.log.end(steps, "finished")
     except (RunLogWriteError, RunWriteError):
@@ -305,10 +309,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
-        # (cloned: a member's tensors are views of the population's, whose whole storage torch.save would write)
-        state = {k: v.cpu().clone() for k, v in pop.member_state(m).items()}
-        write_run_file(d / "q_net.pt", lambda f, state=state: torch.save(state, f))
-        write_run_file(d / "summary.json", json.dumps(summary, indent=1))
+        write_run_file(d / "summary.json", json.dumps(summary, indent=1))  # last: the folder's "finished"
         summaries.append(summary)
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     members_file(path).unlink(missing_ok=True)
