@@ -18,8 +18,8 @@ def _nll(model: nn.Module, batch) -> torch.Tensor:
     return F.cross_entropy(model(x), y, reduction="none")
 
 
-def reference(model: nn.Module, batch, loss_fn=_nll) -> dict[str, torch.Tensor]:
-    """sum_n (d loss_n / d theta)^2 by one float64 backward per sample."""
+def reference(model: nn.Module, batch, loss_fn=_nll, power: int = 2) -> dict[str, torch.Tensor]:
+    """sum_n (d loss_n / d theta)^power by one float64 backward per sample (power 1: the summed gradient)."""
     model = model.double()
     x, y = batch
     named = {k: p for k, p in model.named_parameters() if p.requires_grad}
@@ -28,7 +28,7 @@ def reference(model: nn.Module, batch, loss_fn=_nll) -> dict[str, torch.Tensor]:
         loss = loss_fn(model, (x[i:i + 1].double(), y[i:i + 1]))[0]
         for (k, p), g in zip(named.items(), torch.autograd.grad(loss, list(named.values()), allow_unused=True)):
             if g is not None:
-                out[k] += g.pow(2)
+                out[k] += g.pow(power)
     return out
 
 
@@ -72,20 +72,6 @@ MODELS = {
 }
 
 
-def reference_sums(model: nn.Module, batch) -> dict[str, torch.Tensor]:
-    """sum_n d loss_n / d theta by one float64 backward per sample."""
-    model = model.double()
-    x, y = batch
-    named = {k: p for k, p in model.named_parameters() if p.requires_grad}
-    out = {k: torch.zeros_like(p) for k, p in named.items()}
-    for i in range(len(y)):
-        loss = _nll(model, (x[i:i + 1].double(), y[i:i + 1]))[0]
-        for (k, p), g in zip(named.items(), torch.autograd.grad(loss, list(named.values()), allow_unused=True)):
-            if g is not None:
-                out[k] += g
-    return out
-
-
 # _nll: every batch is checked row by row; interference.cross_entropy: the structure proves the Sequential ones
 LOSSES = {"own loss": _nll, "interference.cross_entropy": interference.cross_entropy}
 
@@ -101,7 +87,7 @@ def test_matches_per_sample_loop(name: str, implementation: str, loss: str) -> N
     got = interference.squared_grad_sum(model, LOSSES[loss], batch, implementation=implementation)
     moments = interference.grad_moments(model, LOSSES[loss], batch, implementation=implementation)
     losses = _nll(model, batch).detach()
-    want, sums = reference(model, batch), reference_sums(model, batch)  # (model in float64 from here)
+    want, sums = reference(model, batch), reference(model, batch, power=1)  # (model in float64 from here)
     assert set(got) == set(want) == set(moments.squares) == set(moments.grad)
     for k in want:
         assert got[k].shape == want[k].shape == moments.grad[k].shape
