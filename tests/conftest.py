@@ -27,6 +27,24 @@ def _sb3_logdir(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
+def row_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the blocks the engine checks row by row in this test (blocks its structural proof covers are
+    left out: :mod:`interference.structure`)."""
+    from interference.rows import RowCheck
+
+    checked: list[int] = []
+    real = RowCheck.block
+
+    def block(self, fn, batch, out, *args):
+        if not self.proven:
+            checked.append(out.shape[0])
+        return real(self, fn, batch, out, *args)
+
+    monkeypatch.setattr(RowCheck, "block", block)
+    return checked
+
+
+@pytest.fixture
 def full_disk_at_results(monkeypatch: pytest.MonkeyPatch):
     """``torch.save`` of a population member's ``q_net.pt`` fails with ENOSPC (its checkpoint, written before, stays:
     a population stopped there resumes); call the returned function to free the space."""
