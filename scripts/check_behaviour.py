@@ -3,23 +3,33 @@
 
     python scripts/check_behaviour.py [--base REV] [--keep DIR]
 
-Jobs: classic DQN on MountainCar (5k steps, Elephant; and ReLU width-matched), PPO on CartPole, SAC on Pendulum,
-and stream-sin (Elephant and ReLU), each with every built-in probe that applies. Equal means: the same run folders
-(relative paths), bitwise-equal ``/probes`` and ``/scalars`` datasets in every ``*.h5`` (dtype, shape and bytes),
-and equal configs (``config.yaml`` files and the logs' ``config`` attribute) once normalised (keys in
-``IGNORED`` dropped, JSON round trip). Attributes such as the commit, versions and times are not compared.
-Exit status 0 when everything is equal, 1 with a list of differences otherwise. Takes about two minutes.
+Jobs, one per learner: classic DQN on MountainCar (Elephant; ReLU and Maxout width-matched), Rainbow on CartPole,
+PPO on CartPole, SAC on Pendulum, stream-sin (Elephant and ReLU), edit, class-inc on the bundled digits (Elephant
+with Streaming EWC) and a DQN population (two seeds), each with the built-in probes that apply. Equal means: the
+same run folders (relative paths), bitwise-equal ``/probes`` and ``/scalars`` datasets in every ``*.h5`` (dtype,
+shape and bytes), equal weights (``model.zip``'s ``policy.pth``, ``q_net.pt``: every tensor bitwise) and equal
+configs (``config.yaml`` files and the logs' ``config`` attribute) once normalised (keys in ``IGNORED`` dropped,
+JSON round trip). Attributes such as the commit, versions and times are not compared.
+
+Old run folders: a DQN run the earlier commit stopped with SIGTERM after its first checkpoint is continued by
+``--resume`` with this tree and must end equal to this tree's uninterrupted run; a run the earlier commit finished
+must be left as it is by ``--resume``.
+
+Exit status 0 when everything is equal, 1 with a list of differences otherwise. Takes about four minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -29,6 +39,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 #: config keys allowed to differ (none so far: a redesign that renames keys must say so here)
 IGNORED: tuple[str, ...] = ()
+#: files this tree may write where the earlier commit wrote none (every run folder begins with its config.yaml)
+NEW_FILES: tuple[str, ...] = ("config.yaml",)
 
 JOBS = [
     ["dqn", "--env", "MountainCar-v0", "--steps", "5000", "--seed", "0", "--act", "elephant",
@@ -45,21 +57,71 @@ JOBS = [
      "--probe", "ntk,outputs,sparsity,gradcov,weights", "--probe-at", "1,20,40"],
     ["stream-sin", "--act", "relu", "--n", "40", "--n-test", "100", "--width", "200", "--seeds", "0",
      "--probe", "ntk,sparsity", "--probe-at", "20,40"],
+    ["rainbow", "--env", "CartPole-v1", "--steps", "1500", "--seed", "0", "--set", "learning_starts=500",
+     "--probe", "gradcov,sparsity", "--probe-every", "500"],
+    ["edit", "--act", "elephant", "--width", "100", "--pretrain-steps", "200"],
+    ["class-inc", "--data", "split-digits", "--act", "elephant", "--width", "100", "--seeds", "0",
+     "--ewc-lambda", "100", "--eval-every", "20"],
+    ["population", "--env", "MountainCar-v0", "--act", "elephant", "--seeds", "0-1", "--steps", "3000",
+     "--set", "probe=[gradcov,sparsity]", "--set", "probe_every=1000"],
 ]
+#: the job a run of the earlier commit is stopped in (SIGTERM after its first checkpoint) and resumed from
+RESUME_JOB = ["dqn", "--env", "MountainCar-v0", "--steps", "6000", "--seed", "3", "--act", "elephant",
+              "--probe", "sparsity", "--probe-every", "1000", "--checkpoint-every", "1000", "--no-progress"]
+
+
+def _command(job: list[str], out: Path) -> list[str]:
+    if job[0] == "population":
+        return [sys.executable, "-m", "agents.population.run", "--out", str(out), *job[1:]]
+    cmd = [sys.executable, "-m", "agents.train", job[0], "--out", str(out), *job[1:]]
+    return cmd + (["--no-progress"] if job[0] in ("dqn", "rainbow", "ppo", "sac") else [])
+
+
+def _env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
 
 
 def run_jobs(tree: Path, out: Path) -> float:
     """Run every job with the code in ``tree``; returns the wall time in seconds."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     for job in JOBS:
-        cmd = [sys.executable, "-m", "agents.train", job[0], "--out", str(out), *job[1:]]
-        if job[0] != "stream-sin":
-            cmd.append("--no-progress")
-        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        done = subprocess.run(_command(job, out), cwd=tree, env=_env(tree), capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(job)} failed in {tree}:\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
+
+
+def old_folders(base: Path, tmp: Path) -> list[str]:
+    """Run folders of the earlier commit with this tree: a stopped run resumes to this tree's uninterrupted run; a
+    finished run is left as it is by ``--resume``."""
+    problems = []
+    stopped, straight = tmp / "resumed", tmp / "straight"
+    proc = subprocess.Popen(_command(RESUME_JOB, stopped), cwd=base, env=_env(base), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not list(stopped.rglob("checkpoint.pkl")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate()
+    if proc.returncode != 128 + signal.SIGTERM:
+        return [f"the earlier commit's run did not stop on SIGTERM (exit {proc.returncode}): {err[-2000:]}"]
+    for out in (stopped, straight):
+        done = subprocess.run(_command(RESUME_JOB, out) + (["--resume"] if out == stopped else []), cwd=ROOT,
+                              env=_env(ROOT), capture_output=True, text=True)
+        if done.returncode != 0:
+            return [f"this tree's run into {out.name} failed (exit {done.returncode}): {done.stderr[-2000:]}"]
+    problems += [f"resumed run: {p}" for p in compare(straight, stopped)]
+    finished = tmp / "finished"
+    subprocess.run(_command(RESUME_JOB, finished), cwd=base, env=_env(base), capture_output=True, check=True)
+    before = {p: p.stat().st_mtime_ns for p in finished.rglob("*") if p.is_file() and p.name != ".lock"}
+    done = subprocess.run(_command(RESUME_JOB, finished) + ["--resume"], cwd=ROOT, env=_env(ROOT),
+                          capture_output=True, text=True)
+    after = {p: p.stat().st_mtime_ns for p in finished.rglob("*") if p.is_file() and p.name not in (".lock", "DONE.json")}
+    if done.returncode != 0 or "finished already" not in done.stderr or \
+            {p: t for p, t in before.items() if p.name != "DONE.json"} != after:
+        problems.append(f"--resume changed a run the earlier commit finished (exit {done.returncode}): "
+                        f"{done.stderr[-2000:]}")
+    return problems
 
 
 def _normalised(config: object) -> object:
@@ -78,11 +140,30 @@ def _datasets(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _weights(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a run's weights: ``q_net.pt`` (a state dict) or ``model.zip`` (SB3's ``policy.pth``)."""
+    import torch
+
+    if path.suffix == ".zip":
+        with zipfile.ZipFile(path) as z:
+            state = torch.load(io.BytesIO(z.read("policy.pth")), map_location="cpu", weights_only=True)
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v.numpy() for k, v in state.items()}
+
+
+COMPARED = (".h5", ".yaml", ".pt", ".zip")
+
+
 def compare(old: Path, new: Path) -> list[str]:
     """Differences between two output trees (empty if equal)."""
     problems = []
-    files_old = {p.relative_to(old) for p in old.rglob("*") if p.is_file() and p.suffix in (".h5", ".yaml")}
-    files_new = {p.relative_to(new) for p in new.rglob("*") if p.is_file() and p.suffix in (".h5", ".yaml")}
+    files_old = {p.relative_to(old) for p in old.rglob("*") if p.is_file() and p.suffix in COMPARED}
+    files_new = {p.relative_to(new) for p in new.rglob("*") if p.is_file() and p.suffix in COMPARED}
+    new_only = {rel for rel in files_new - files_old if rel.name in NEW_FILES}
+    if new_only:
+        print(f"new in this tree (allowed, NEW_FILES): {sorted(map(str, new_only))}")
+        files_new -= new_only
     if files_old != files_new:
         problems.append(f"different files: only before {sorted(map(str, files_old - files_new))}, "
                         f"only after {sorted(map(str, files_new - files_old))}")
@@ -91,6 +172,11 @@ def compare(old: Path, new: Path) -> list[str]:
             a, b = (_normalised(yaml.safe_load((root / rel).read_text())) for root in (old, new))
             if a != b:
                 problems.append(f"{rel}: configs differ:\n  before {a}\n  after  {b}")
+            continue
+        if rel.suffix in (".pt", ".zip"):
+            a, b = _weights(old / rel), _weights(new / rel)
+            if set(a) != set(b) or any(a[k].tobytes() != b[k].tobytes() for k in a):
+                problems.append(f"{rel}: the weights differ")
             continue
         a, b = _datasets(old / rel), _datasets(new / rel)
         if _normalised(a.pop("config")) != _normalised(b.pop("config")):
@@ -118,15 +204,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t_old = run_jobs(base, tmp_path / "before")
             t_new = run_jobs(ROOT, tmp_path / "after")
+            problems = compare(tmp_path / "before", tmp_path / "after") + old_folders(base, tmp_path)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
-        problems = compare(tmp_path / "before", tmp_path / "after")
     n = sum(1 for _ in JOBS)
     print(f"{n} jobs; before ({args.base}) {t_old:.0f} s, after (this tree) {t_new:.0f} s")
     if problems:
         print("DIFFERENT:\n" + "\n".join(problems))
         return 1
-    print("equal: run folders, /probes and /scalars datasets bitwise, configs after normalisation")
+    print("equal: run folders, /probes and /scalars datasets and weights bitwise, configs after normalisation; the "
+          "earlier commit's stopped run resumes to the same run, its finished run is left as it is")
     return 0
 
 
