@@ -9,8 +9,9 @@ import scipy.stats
 import yaml
 
 from runlog import RUN_END, RunLog, read_run
-from reports.classic import (_search_notes, aggregates, authors_comparison, classic_table, main, normalise,
-                             performance_profiles, reference_data, score_matrices)
+from reports.classic import (aggregates, authors_comparison, classic_table, main, normalise, performance_profiles,
+                             reference_data, score_matrices)
+from reports.classic.page import _search_notes
 
 
 def write_run(path, act, buffer, lr, seed, returns, n_timesteps=None, last_step=None, end=None, **extra):
