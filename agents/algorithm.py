@@ -14,12 +14,13 @@
         def __post_init__(self):       # optional further checks: raise ValueError
             if self.lr <= 0: raise ValueError("lr must be > 0")
 
-    def train(cfg: ToyConfig, run_dir: Path) -> dict: ...  # writes run_dir/run.h5 (a probes.ProbeRunner log)
+    def train(run: RunFolder, cfg: ToyConfig) -> dict: ...  # writes run.path / "run.h5" (a probes.ProbeRunner log)
 
     register_command(Algorithm("toy", "a toy learner", ToyConfig, train, folder=("lr",)))
 
-This is where our own loops go (Rainbow, the population engine, class-incremental learners); SB3's DQN, PPO and
-SAC are declared in :mod:`agents.rl.algos`.
+The run's folder, its ``config.yaml``, ``summary.json`` (the summary ``train`` returns), ``DONE.json``, its lock
+and exit statuses are :mod:`agents.lifecycle`'s: ``train`` writes its own files into ``run.path`` (its log, weights)
+and returns the summary. SB3's algorithms are declared in :mod:`agents.rl.algos`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .inputs import read_yaml
+from .lifecycle import RunFolder
 
 __all__ = ["Algorithm"]
 
@@ -73,14 +75,15 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
 
 class Algorithm:
     """A learner declared once: ``name``, one-line ``help``, its settings dataclass ``config`` (field types, defaults
-    and ``metadata["help"]`` make the flags), its loop ``train(config, run_dir) -> summary`` and the settings that
-    name its run folder: ``OUT/<name>/<field>=<value>.../seed<seed>`` (``config`` needs a ``seed`` field)."""
+    and ``metadata["help"]`` make the flags), its loop ``train(run, settings) -> summary`` (``run``: the
+    :class:`agents.lifecycle.RunFolder`) and the settings that name its run folder:
+    ``OUT/<name>/<field>=<value>.../seed<seed>`` (``config`` needs a ``seed`` field)."""
 
-    def __init__(self, name: str, help: str, config: type, train: Callable[[Any, Path], dict[str, Any]], *,
+    def __init__(self, name: str, help: str, config: type, train: Callable[[RunFolder, Any], dict[str, Any]], *,
                  folder: Sequence[str] = ()) -> None:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"Algorithm {name!r}: config must be a dataclass, got {config!r}")
-        self.name, self.help, self.config_class, self.train, self.folder = name, help, config, train, tuple(folder)
+        self.name, self.help, self.config_class, self.loop, self.folder = name, help, config, train, tuple(folder)
         self.types = typing.get_type_hints(config)
         self.fields = {f.name: f for f in dataclasses.fields(config) if f.init}  # field(init=False): derived
         missing = [k for k in ("seed", *self.folder) if k not in self.fields]
@@ -123,8 +126,7 @@ class Algorithm:
             path = path / f"{key}={config[key]}"
         return path / f"seed{config['seed']}"
 
-    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg = self.config_class(**{k: v for k, v in config.items() if k != "algo"})
-        return self.train(cfg, run_dir)
+    def train(self, run: RunFolder) -> dict[str, Any]:
+        cfg = self.config_class(**{k: v for k, v in run.config.items() if k != "algo"})
+        run.start()
+        return run.finish(self.loop(run, cfg))

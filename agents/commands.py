@@ -1,7 +1,8 @@
 """The registry of learners: one ``Command`` per ``agents.train`` subcommand, for the CLI and the grid runner.
 
-A command turns flags (or a grid entry) into a validated config dict and runs it into a run directory. The same
-validation serves both paths, so a bad grid entry fails the way a bad flag does.
+A command turns flags (or a grid entry) into a validated config dict, names its run folder and trains into it
+(:mod:`agents.lifecycle` runs it there). The same validation serves both paths, so a bad grid entry fails the way a
+bad flag does.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import importlib
 import re
 import shutil
 import textwrap
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import ConfigError
+from .lifecycle import RunFolder
 
-__all__ = ["Command", "add_activation_flags", "commands", "first_sentence", "get_command", "probe_list",
-           "register_command"]
+__all__ = ["Command", "Population", "add_activation_flags", "commands", "first_sentence", "get_command", "population",
+           "probe_list", "register_command"]
 
 
 _RST = [(re.compile(r":[\w:]+:`~?([^`]+)`"), r"\1"), (re.compile(r"``([^`]+)``"), r"\1"),
@@ -102,21 +104,46 @@ class Command(Protocol):
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
         """The run's folder under ``out`` (one per configuration and seed)."""
 
-    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-        """Train, write the run's files into ``run_dir`` and return a small summary (JSON-able). A command that
-        checkpoints sets ``resumable = True`` and takes ``resume=True`` to continue from its checkpoint."""
+    def train(self, run: RunFolder) -> dict[str, Any]:
+        """Train into ``run`` (:class:`agents.lifecycle.RunFolder`: its folder, config and ``resume``), writing the run's
+        files through it from :meth:`~agents.lifecycle.RunFolder.start` to :meth:`~agents.lifecycle.RunFolder.finish`, and
+        return the summary (JSON-able). A command that checkpoints sets ``resumable = True`` and continues from its
+        checkpoint when ``run.resume`` is set."""
 
 
-# subcommand name -> module defining ``COMMAND``; modules are imported on first use (SB3/ALE load slowly).
-_MODULES = {
-    "stream-sin": "agents.stream.commands",
-    "edit": "agents.stream.commands",
-    "dqn": "agents.rl.commands",
-    "rainbow": "agents.rl.commands",
-    "ppo": "agents.rl.commands",
-    "sac": "agents.rl.commands",
-    "class-inc": "agents.classinc.commands",
-}
+class Population(Protocol):
+    """A learner's engine for training several of its runs together, in one process (a command that has one sets
+    its ``population`` attribute to it; the CLI's ``--seeds`` and grids with ``engine: population`` use it)."""
+
+    #: the config keys the runs of one population may differ in
+    member_keys: tuple[str, ...]
+
+    def refusal(self, configs: Sequence[Mapping[str, Any]]) -> str | None:
+        """Why these runs cannot train as one population (a setting or env the engine does not take, configs
+        differing beyond :attr:`member_keys`), or None."""
+
+    def train(self, runs: Sequence[RunFolder], out: Path) -> list[dict[str, Any]]:
+        """Train ``runs`` (locked; ``resume`` on all or none) as one population whose checkpoint lies under ``out``;
+        their summaries, in order."""
+
+    def checkpointed(self, out: Path) -> list[list[Path]]:
+        """The run folders of each population under ``out`` that a ``--resume`` can continue from its checkpoint,
+        in the checkpoint's order (a grid keeps them together whatever its own grouping)."""
+
+
+def population(command: Command) -> Population | None:
+    """The command's population engine (its ``population`` attribute), or None."""
+    return getattr(command, "population", None)
+
+
+#: the modules of the built-in learners, each defining ``COMMANDS`` (subcommand name -> Command); imported on first
+#: use, cheapest first (SB3 and ALE load slowly)
+_MODULES = ("agents.stream.commands", "agents.classinc.commands", "agents.rl.commands")
+
+
+def _built_in() -> Iterator[dict[str, Command]]:
+    for module in _MODULES:
+        yield importlib.import_module(module).COMMANDS
 
 
 _REGISTERED: dict[str, Command] = {}  # commands of plugins (register_command)
@@ -132,13 +159,16 @@ def register_command(command: Command, *, replace: bool = False) -> Command:
 
 
 def commands() -> list[str]:
-    return [*_MODULES, *(n for n in _REGISTERED if n not in _MODULES)]
+    """Every command's name: the built-in learners', then the plugins' (this imports every learner's module)."""
+    built_in = [name for table in _built_in() for name in table]
+    return [*built_in, *(n for n in _REGISTERED if n not in built_in)]
 
 
 def get_command(name: str) -> Command:
     if name in _REGISTERED:
         return _REGISTERED[name]
-    if name not in _MODULES:
-        raise ConfigError(f"unknown command {name!r}; choose from {', '.join(commands())} (a plugin's command needs "
-                          "--import MODULE)")
-    return importlib.import_module(_MODULES[name]).COMMANDS[name]
+    for table in _built_in():
+        if name in table:
+            return table[name]
+    raise ConfigError(f"unknown command {name!r}; choose from {', '.join(commands())} (a plugin's command needs "
+                      "--import MODULE)")

@@ -34,6 +34,7 @@ from reports.paper import method_name
 from reports.stream import build_stream_report, edit_table, seeds_phrase, stream_table
 
 from .commands import get_command
+from .lifecycle import execute
 from .stream.edit import EditConfig
 from .stream.learner import StreamConfig
 
@@ -208,10 +209,10 @@ def run(out: Path, seeds: str, settings: Mapping[str, Any] | None = None) -> Pat
         cfg = stream.make_config({"act": act, "lr": lr, "seeds": seeds, "probe": "ntk,outputs,sparsity,gradcov",
                                   **{k: v for k, v in settings.items() if k in STREAM_KEYS}})
         probe_at = cfg["probe_at"]
-        summary = stream.run(cfg, stream.run_dir(cfg, runs_dir))
+        summary = execute(stream.train, cfg, stream.run_dir(cfg, runs_dir))
         print(f"stream-sin {act:9s} lr={lr:g}: final test MSE per seed {summary['final_mse']}")
         ecfg = edit.make_config({"act": act, "seeds": seeds, **{k: v for k, v in settings.items() if k in EDIT_KEYS}})
-        summary = edit.run(ecfg, edit.run_dir(ecfg, runs_dir))
+        summary = execute(edit.train, ecfg, edit.run_dir(ecfg, runs_dir))
         print(f"edit       {act:9s}: mean |change| far from x=1.5 per seed {summary['far_change']}")
 
     stream_runs = [read_run(p) for p in find_runs(runs_dir / "stream-sin")]

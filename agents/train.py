@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from probes.plugins import PluginError, load_plugins
-from runlog import RunLogWriteError
 
-from .commands import commands, get_command
-from .errors import EXIT_CONFIG, EXIT_IO, ConfigError, exit_status
-from .runlock import run_lock
+from .commands import Command, commands, get_command, population
+from .errors import EXIT_CONFIG, ConfigError
+from .inputs import int_list, parse_seeds
+from .lifecycle import execute, open_runs, report_errors, stopped
+from .signals import STOP_SIGNALS, handling
 
 __all__ = ["main", "build_parser"]
 
@@ -52,15 +51,6 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         cmd.add_arguments(p)
         p.set_defaults(command_parser=p)  # main reports unknown flags with this command's usage
     return parser
-
-
-def unwritable(folder: Path) -> str | None:
-    """Why files cannot be created in ``folder`` (a read-only file system, permissions, ...), or None."""
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            return None
-    except OSError as err:
-        return err.strerror or str(err)
 
 
 def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -107,36 +97,54 @@ def main(argv: list[str] | None = None) -> int:
         command_parser.error(f"unrecognized arguments: {' '.join(unknown)}"
                              + (f" (did you mean {near[0]}?)" if near else ""))
     cmd = get_command(name)
+    values = {k: v for k, v in args.items() if v is not None}
     try:
-        config = cmd.make_config({k: v for k, v in args.items() if v is not None})
+        configs = [cmd.make_config(v) for v in _per_seed(values)]
     except ConfigError as err:
         parser.exit(EXIT_CONFIG, f"{parser.prog} {name}: error: {err}\n")
-    run_dir = cmd.run_dir(config, out)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        parser.exit(EXIT_CONFIG, f"{parser.prog} {name}: error: cannot create the run directory {run_dir}: {err.strerror}\n")
-    if (problem := unwritable(run_dir)) is not None:
-        parser.exit(EXIT_CONFIG, f"{parser.prog} {name}: error: cannot write in the run directory {run_dir}: {problem}\n")
-    print(f"run folder: {run_dir}", file=sys.stderr, flush=True)  # (named by the settings that differ from defaults)
-    try:
-        with run_lock(run_dir):
-            summary = cmd.run(config, run_dir, resume=True) if resume else cmd.run(config, run_dir)
-    except Exception as err:  # noqa: BLE001 - the errors a run ends with (agents.errors): one line, their status
-        status = exit_status(err)
-        if status is None:
-            raise
-        print(f"{parser.prog} {name}: error: {err}", file=sys.stderr)
-        if isinstance(err, RunLogWriteError):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # HDF5 objects of a file whose writes failed can crash the interpreter when they are freed at exit
-            # (segmentation fault): leave at once, with the status that says what happened
-            os._exit(EXIT_IO)
+    prog = f"{parser.prog} {name}"
+    if len(configs) == 1:
+        run_dir = cmd.run_dir(configs[0], out)
+        print(f"run folder: {run_dir}", file=sys.stderr, flush=True)  # (named by the settings that differ from defaults)
+        status, summary = report_errors(prog, lambda: execute(cmd.train, configs[0], run_dir, resume=resume))
+        summaries = None if summary is None else [summary]
+    else:
+        status, summaries = report_errors(prog, lambda: _train_runs(cmd, configs, out, resume))
+    if summaries is None:
         return status
-    print(json.dumps(_rounded(summary), indent=1, default=str))
-    return 1 if summary.get("status") == "nan" else 0  # a diverged run is a failure for scripts and && chains
+    print(json.dumps(_rounded(summaries[0] if len(summaries) == 1 else summaries), indent=1, default=str))
+    # a diverged run is a failure for scripts and && chains
+    return 1 if any(s.get("status") == "nan" for s in summaries) else 0
 
+
+def _per_seed(values: dict) -> list[dict]:
+    """The flag values of each run: one per seed of ``--seeds`` (``seed_list``), or the values as they are."""
+    if "seed_list" not in values:
+        return [values]
+    if "seed" in values:
+        raise ConfigError("give --seed or --seeds, not both")
+    seeds = parse_seeds(int_list(values.pop("seed_list"), "--seeds"))
+    return [{**values, "seed": seed} for seed in seeds]
+
+
+def _train_runs(cmd: Command, configs: list[dict], out: Path, resume: bool) -> list[dict]:
+    """Train the runs of ``configs`` (one folder each): as one population where the command has a population engine
+    that takes them, else one after another; their summaries."""
+    dirs = [cmd.run_dir(config, out) for config in configs]
+    engine = population(cmd)
+    why = engine.refusal(configs) if engine is not None else None
+    if engine is not None and why is None:
+        print(f"{len(configs)} runs as one population, run folders: {', '.join(map(str, dirs))}", file=sys.stderr,
+              flush=True)
+        with handling(STOP_SIGNALS, stopped), open_runs(dirs, configs, resume=resume) as runs:
+            return engine.train(runs, out)
+    if why is not None:
+        print(f"note: {why}; the {len(configs)} runs train one after another", file=sys.stderr)
+    summaries = []
+    for config, run_dir in zip(configs, dirs):
+        print(f"run folder: {run_dir}", file=sys.stderr, flush=True)
+        summaries.append(execute(cmd.train, config, run_dir, resume=resume))
+    return summaries
 
 if __name__ == "__main__":
     sys.exit(main())

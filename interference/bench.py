@@ -7,8 +7,8 @@ Each case runs in a forked child process, so its peak extra memory (resident set
 CUDA) is measured from the same starting point. Times are the minimum over repeats after one warm-up call (as
 ``timeit`` advises: on a shared machine the slower repeats measure the other tenants, not the code). The warm-up
 call of the ``ntk`` cases is reported on its own ("first call overhead"): it makes the plan the later calls reuse.
-A second table times one mini-batch update of the class-incremental learner with Streaming EWC against the same
-update without it.
+:func:`table` prints rows of cases against their baselines; the learners' own benchmarks (e.g.
+:mod:`agents.classinc.bench`) use it.
 
 ``--patterns`` times ``ntk`` (``implementation="auto"``) against ``implementation="func"`` on every model of the test
 registry ``tests/ntk_patterns.py`` at N=32, in this process (the models are tiny), the engine's warnings silenced.
@@ -44,9 +44,6 @@ Setup = Callable[[], Callable[[], object]]
 
 PATTERN_N = 32  # samples per pattern under --patterns
 PATTERN_REPEATS = 3
-EWC_LAMBDA = 100.0  # any lambda > 0 costs the same; the smaller of the digits grid's values
-CLASSINC_SHAPES = {"split-digits": (1, 8, 8), "split-mnist": (1, 28, 28)}  # sample shapes; 10 classes each
-CLASSINC_CLASSES = 10
 
 
 @dataclass
@@ -229,46 +226,6 @@ def cases(device: torch.device, quick: bool) -> list[Case]:
     ]
 
 
-def _classinc_step(data: str, ewc: bool, device: torch.device) -> Setup:
-    """One mini-batch update of the class-incremental learner as ``train_class_inc`` makes it, on ``data``'s default
-    configuration (Streaming EWC on with ``ewc``), a random batch of that data's shape and default size."""
-    def setup() -> Callable[[], None]:
-        from agents.allocator import retain_freed_memory
-        from agents.classinc.commands import defaults
-        from agents.classinc.learner import ClassIncConfig, StreamingEWC, build_model, optimizer, update
-
-        retain_freed_memory()
-        cfg = ClassIncConfig(**{**defaults(data), "data": data, "ewc_lambda": EWC_LAMBDA})
-        shape = CLASSINC_SHAPES[data]
-        model = build_model(cfg, shape, CLASSINC_CLASSES, seed=0).to(device)
-        opt = optimizer(model, cfg)
-        g = torch.Generator().manual_seed(0)
-        batch = (torch.rand(cfg.batch_size, *shape, generator=g).to(device),
-                 torch.randint(0, CLASSINC_CLASSES, (cfg.batch_size,), generator=g).to(device))
-        state = StreamingEWC(model, cfg.ewc_lambda, cfg.ewc_gamma) if ewc else None
-
-        def step() -> None:
-            update(model, opt, state, batch, cfg.updates)
-        return step
-    return setup
-
-
-def step_cases(device: torch.device) -> list[Case]:
-    """Streaming EWC's mini-batch update against the plain one, on the class-incremental defaults of Split Digits
-    (the default data) and Split MNIST (the paper's batches of 125)."""
-    from agents.classinc.commands import defaults
-
-    out = []
-    for data, repeats in (("split-digits", 50), ("split-mnist", 20)):
-        cfg = defaults(data)
-        features = math.prod(CLASSINC_SHAPES[data])
-        name = (f"Streaming EWC step, {data.removeprefix('split-')} {cfg['model'].upper()} {features}-{cfg['width']}-"
-                f"{CLASSINC_CLASSES} {cfg['act']}, B={cfg['batch_size']}")
-        out.append(Case(name, _classinc_step(data, True, device), _classinc_step(data, False, device),
-                        "plain step (no EWC), same model and batch", repeats))
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- registry patterns
 def _registry() -> ModuleType:
     """``tests/ntk_patterns.py``, from the checkout this package is in or from the working directory."""
@@ -354,7 +311,7 @@ def _fmt(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 1 else f"{seconds:.2f} s"
 
 
-def _table(rows: list[Case], ratio_name: str, ratio: Callable[[Timing, Timing], float], threads: int,
+def table(rows: list[Case], ratio_name: str, ratio: Callable[[Timing, Timing], float], threads: int,
            device: torch.device) -> list[tuple[Case, Timing, Timing]]:
     """Measure and print each case against its baseline; the measurements."""
     if not rows:
@@ -415,13 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     if registry is not None:
         run_patterns(registry, device, keep)
         return
-    done = _table([c for c in cases(device, args.quick) if keep(c.name)], "speed-up",
+    done = table([c for c in cases(device, args.quick) if keep(c.name)], "speed-up",
                   lambda a, b: b.seconds / a.seconds, args.threads, device)
     _first_calls(done)
-    steps = [c for c in step_cases(device) if keep(c.name)]
-    if steps:
-        print("\ntraining step cost (ours/base: the time of our step over the baseline's)")
-        _table(steps, "ours/base", lambda a, b: a.seconds / b.seconds, args.threads, device)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 Jobs, one per learner: classic DQN on MountainCar (Elephant; ReLU and Maxout width-matched), Rainbow on CartPole,
 PPO on CartPole, SAC on Pendulum, stream-sin (Elephant and ReLU), edit, class-inc on the bundled digits (Elephant
-with Streaming EWC) and a DQN population (two seeds), each with the built-in probes that apply. Equal means: the
+with Streaming EWC) and a DQN population (a grid of two seeds with ``engine: population``), each with the built-in probes that apply. Equal means: the
 same run folders (relative paths), bitwise-equal ``/probes`` and ``/scalars`` datasets in every ``*.h5`` (dtype,
 shape and bytes), equal weights (``model.zip``'s ``policy.pth``, ``q_net.pt``: every tensor bitwise) and equal
 configs (``config.yaml`` files and the logs' ``config`` attribute) once normalised (keys in ``IGNORED`` dropped,
@@ -62,8 +62,8 @@ JOBS = [
     ["edit", "--act", "elephant", "--width", "100", "--pretrain-steps", "200"],
     ["class-inc", "--data", "split-digits", "--act", "elephant", "--width", "100", "--seeds", "0",
      "--ewc-lambda", "100", "--eval-every", "20"],
-    ["population", "--env", "MountainCar-v0", "--act", "elephant", "--seeds", "0-1", "--steps", "3000",
-     "--set", "probe=[gradcov,sparsity]", "--set", "probe_every=1000"],
+    ["grid", "command: dqn\nengine: population\nfixed: {env: MountainCar-v0, act: elephant, steps: 3000, "
+     "probe: 'gradcov,sparsity', probe_every: 1000, progress: false}\ngrids: [{seed: [0, 1]}]\n"],
 ]
 #: the job a run of the earlier commit is stopped in (SIGTERM after its first checkpoint) and resumed from
 RESUME_JOB = ["dqn", "--env", "MountainCar-v0", "--steps", "6000", "--seed", "3", "--act", "elephant",
@@ -71,8 +71,10 @@ RESUME_JOB = ["dqn", "--env", "MountainCar-v0", "--steps", "6000", "--seed", "3"
 
 
 def _command(job: list[str], out: Path) -> list[str]:
-    if job[0] == "population":
-        return [sys.executable, "-m", "agents.population.run", "--out", str(out), *job[1:]]
+    if job[0] == "grid":  # (a grid file's text: written beside the output tree)
+        grid = out.parent / f"{out.name}-grid.yml"
+        grid.write_text(job[1])
+        return [sys.executable, "-m", "agents.grid", str(grid), "--out", str(out), "--workers", "1"]
     cmd = [sys.executable, "-m", "agents.train", job[0], "--out", str(out), *job[1:]]
     return cmd + (["--no-progress"] if job[0] in ("dqn", "rainbow", "ppo", "sac") else [])
 

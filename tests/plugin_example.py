@@ -4,7 +4,6 @@ activation, a test-only probe with a schema and a toy algorithm with its own loo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 
 from agents.algorithm import Algorithm
 from agents.commands import register_command
+from agents.lifecycle import RunFolder
 from interference import ActArg, ActivationSpec, register_activation
 from probes import Probe, ProbeContext, ProbeRunner, register_probe
 from runlog import Field, FieldDoc, ProbeSchema
@@ -70,7 +70,7 @@ class ToyConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-def train_toy(cfg: ToyConfig, run_dir: Path) -> dict:
+def train_toy(run: RunFolder, cfg: ToyConfig) -> dict:
     """A 2-16-1 MLP fitting y = sum(x) by SGD, its loss logged and probed every 10 updates."""
     from interference import mlp
     from probes import make_probe
@@ -83,7 +83,7 @@ def train_toy(cfg: ToyConfig, run_dir: Path) -> dict:
     ctx = ProbeContext(step=0, model=model, inputs=x[:8])
     probes = [make_probe(name, every=10) for name in cfg.probe]
     config = {"algo": "toy", **cfg.__dict__}
-    with ProbeRunner(probes, run_dir / "run.h5", example=ctx, config=config, seed=cfg.seed,
+    with ProbeRunner(probes, run.path / "run.h5", example=ctx, config=config, seed=cfg.seed,
                      scalars=("loss",), overwrite=True) as runner:
         for step in range(1, cfg.steps + 1):
             loss = (model(x) - y).pow(2).mean()

@@ -16,7 +16,6 @@ FLOORS = {"runlog": set(), "interference": set(), "probes": {"interference", "ru
 #: imports inside functions that go up a floor, each with its reason
 LAZY_UPWARD = {
     ("reports.data", "probes"): "schemas of logs written before logs stored them (the probe registry)",
-    ("interference.bench", "agents"): "the Streaming EWC step rows time the class-incremental learner",
 }
 
 
@@ -121,9 +120,11 @@ def test_no_import_cycles():
     ("agents.errors", set()),
     ("agents.inputs", {"agents.errors"}),
     ("agents.runfolder", {"agents.errors"}),
+    ("agents.lifecycle", {"agents.errors", "agents.runfolder", "agents.runlock", "agents.signals"}),
 ])
 def test_the_bottom_floor_of_agents(module, allowed):
-    """Errors, exit statuses, input parsing and the run-folder contract import nothing else of agents."""
+    """Errors, exit statuses, input parsing and the run-folder contract import nothing else of agents; the run
+    lifecycle imports only them."""
     top, inner = IMPORTS[module]
     assert {t for t in top | inner if t.startswith("agents")} <= allowed
 
@@ -132,3 +133,24 @@ def test_no_module_imports_the_cli():
     users = [m for m, (top, inner) in IMPORTS.items()
              if any(_module_of(t) == "agents.train" for t in top | inner) and m != "agents.train"]
     assert not users, users
+
+
+def test_the_grid_modules_import_only_those_listed_before_them():
+    """``agents.grid``'s modules, in docs/architecture.md's order: each imports (at module level) only the grid
+    modules before it, so the worker's code stays apart from the backends and the CLI."""
+    order = ["agents.grid.spec", "agents.grid.planning", "agents.grid.worker", "agents.grid.drive", "agents.grid.local",
+             "agents.grid.ray_backend", "agents.grid.run", "agents.grid.cli"]
+    assert {m for m in MODULES if m.startswith("agents.grid.")} == {*order, "agents.grid.__main__"}
+    wrong = [f"{m} imports {t}" for i, m in enumerate(order) for t in IMPORTS[m][0]
+             if _module_of(t).startswith("agents.grid") and _module_of(t) not in order[:i]]
+    assert not wrong, wrong
+
+
+#: the most lines a source file of the packages (and scripts/) may have: a longer one does several jobs
+MAX_LINES = 500
+
+
+def test_every_source_file_is_short_enough_to_do_one_job():
+    files = [p for pkg in (*PACKAGES, "scripts") for p in (ROOT / pkg).rglob("*.py")]
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in files if (n := len(p.read_text().splitlines())) >= MAX_LINES]
+    assert not long, long

@@ -7,7 +7,6 @@ import os
 import pytest
 
 from agents import grid, train
-from agents.population import run as population
 
 DQN = ["dqn", "--env", "CartPole-v1", "--act", "relu", "--hidden", "16", "--steps", "200", "--no-progress"]
 
@@ -55,11 +54,11 @@ def test_train_refuses_bad_input_in_one_line(tmp_path, files, capsys, flags, wor
     (["--seeds", "abc"], "--seeds takes integers and ranges, e.g. 0-4 or 0,2,5; got 'abc'"),
     (["--seeds", "5-2"], "--seeds: the range '5-2' is empty"),
     (["--seeds", "4294967296"], "seeds must be distinct integers from 0 to 4294967295"),
-    (["--lrs", "fast"], "--lrs takes comma-separated floats"),
+    (["--seeds", "0-2", "--seed", "1"], "give --seed or --seeds, not both"),
 ])
-def test_population_refuses_bad_input_in_one_line(tmp_path, capsys, flags, words):
-    status, errors = _status(population.main, ["--env", "Acrobot-v1", "--act", "relu", "--steps", "100", "--out",
-                                               str(tmp_path), *flags], capsys)
+def test_seeds_refuses_bad_input_in_one_line(tmp_path, capsys, flags, words):
+    status, errors = _status(train.main, ["dqn", "--env", "Acrobot-v1", "--act", "relu", "--steps", "100", "--out",
+                                          str(tmp_path), *flags], capsys)
     assert status == 2 and len(errors) == 1 and words in errors[0], errors
 
 

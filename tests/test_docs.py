@@ -477,7 +477,7 @@ def test_site_builds_with_every_public_name(tmp_path: Path) -> None:
                    and not any(i.startswith(f"{package}.") and i.endswith(f".{n}") for i in ids)]
         assert not missing, f"reference/{package}: {missing} not in the built page"
     html = (tmp_path / "site" / "reference" / "agents" / "index.html").read_text()
-    for ident in ("agents.train.main", "agents.grid.main", "agents.population.run.main", "agents.rl.algos.RLAlgo",
+    for ident in ("agents.train.main", "agents.grid.main", "agents.population.run.run_population", "agents.rl.algos.RLAlgo",
                   "agents.algorithm.Algorithm"):
         assert f'id="{ident}"' in html, f"reference/agents: {ident} not in the built page"
 

@@ -463,9 +463,9 @@ def test_a_full_disk_before_the_run_starts_is_a_message_not_a_traceback(tmp_path
     assert "cannot write the run lock (No space left on device)" in proc.stderr
 
 
-_POPULATION = ["-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "relu", "--seeds", "0-2", "--steps",
+_POPULATION = ["-m", "agents.train", "dqn", "--env", "Acrobot-v1", "--act", "relu", "--seeds", "0-2", "--steps",
                "600", "--set", "max_episode_steps=150", "--set", "learning_starts=200", "--set", "hidden=[64]",
-               "--checkpoint-every", "200"]
+               "--checkpoint-every", "200", "--lr", "1e-3", "--buffer-size", "10000", "--no-progress"]
 
 
 def test_a_population_refuses_a_run_folder_another_process_writes(tmp_path):
@@ -481,8 +481,8 @@ def test_a_population_refuses_a_run_folder_another_process_writes(tmp_path):
     busy = member_dirs(configs, tmp_path)[1]
     busy.mkdir(parents=True)
     with run_lock(busy):
-        proc = subprocess.run([sys.executable, *_POPULATION, "--lrs", "1e-3", "--buffers", "10000", "--out",
-                               str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([sys.executable, *_POPULATION, "--out", str(tmp_path)], cwd=ROOT, env=ENV,
+                              capture_output=True, text=True, timeout=300)
     assert proc.returncode == EXIT_BUSY, proc.stderr
     assert f"run folder {busy} is in use by pid {os.getpid()}" in proc.stderr
     assert not list(tmp_path.rglob("run.h5"))
@@ -506,7 +506,7 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
     size = len(cloudpickle.dumps(Population(configs[0], members)))  # a checkpoint's size, to within its logs' state
     env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": ".pkl", "FAILWRITE_ERRNO": "28",
            "FAILWRITE_MODE": "full", "FAILWRITE_AFTER": str(int(1.5 * size))}
-    args = [sys.executable, *_POPULATION, "--lrs", "1e-3", "--buffers", "10000", "--out", str(tmp_path)]
+    args = [sys.executable, *_POPULATION, "--out", str(tmp_path)]
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.grid import GridRun, expand, load_grid, main, plan, run_task
+from agents.grid import GridRun, expand, load_grid, main, plan
+from agents.grid.worker import run_task
 from runlog import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,17 +146,18 @@ def test_a_run_begun_with_another_config_is_redone_not_resumed(tmp_path, capsys)
     assert json.loads((run_dir / "DONE.json").read_text())["config"]["probe_every"] == 150
 
 
-def test_stream_runs_are_stale_by_the_config_in_done_json(tmp_path, capsys):
+def test_stream_runs_are_stale_by_their_config(tmp_path, capsys):
     out = tmp_path / "runs"
     base = STREAM + "grids: [{act: [relu]"
     grid = _write(tmp_path / "grid.yml", base + "}]\n")
     assert main([str(grid), "--out", str(out)]) == 0
+    [run_dir] = _run_dirs(grid, out)
+    (run_dir / "config.yaml").unlink()  # (a folder written without one: DONE.json's config counts)
     _write(grid, base + ", probe: [sparsity], probe_at: ['5,20']}]\n")
     assert _dry_run(capsys, grid, out) == ["stale"]
     assert main([str(grid), "--out", str(out)]) == 0
     assert _dry_run(capsys, grid, out) == ["done"]
-    [run_dir] = _run_dirs(grid, out)
-    assert not (run_dir / "config.yaml").exists()  # stream commands save no config.yaml: DONE.json's config counts
+    assert (run_dir / "config.yaml").exists()  # every run folder begins with its config
     assert list(read_run(run_dir / "seed0" / "run.h5").probes["sparsity"]["step"]) == [5, 20]
 
 
@@ -286,8 +288,7 @@ def _population_spec(**extra) -> dict:
 
 def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffer_size(tmp_path):
     from agents.grid import PopulationTask, tasks
-    from agents.population.engine import Member
-    from agents.population.run import member_configs
+    from agents.population import MEMBER_KEYS
 
     runs = plan(_population_spec(population_size=3), tmp_path)
     single = plan({k: v for k, v in _population_spec().items() if k != "engine"}, tmp_path)
@@ -298,10 +299,9 @@ def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffe
     assert [(t.runs[0].config["act"], len(t.runs)) for t in work] == [("relu", 3), ("relu", 1), ("elephant", 3),
                                                                       ("elephant", 1)]
     assert [r for t in work for r in t.runs] == sorted(runs, key=lambda r: r.config["act"] != "relu")
-    for t in work:  # the shared values leave the members' settings to them, also those in `set`
-        assert t.values["set"] == ["learning_starts=100"] and not {"lr", "seed", "buffer_size"} & set(t.values)
-        members = [Member(r.config["seed"], r.config["learning_rate"], r.config["buffer_size"]) for r in t.runs]
-        assert member_configs(t.values, members) == [r.config for r in t.runs]
+    for t in work:  # the members' configs differ only in the members' settings
+        shared = [{k: v for k, v in r.config.items() if k not in (*MEMBER_KEYS, "derived")} for r in t.runs]
+        assert all(s == shared[0] for s in shared)
     assert not any(t.resume for t in work)
     assert [len(t.runs) for t in tasks(plan(_population_spec(), tmp_path))] == [4, 4]  # no population_size: all
 
@@ -310,7 +310,6 @@ def test_population_tasks_group_runs_that_differ_in_their_epsilon_schedules(tmp_
     from agents.grid import PopulationTask, tasks
     from agents.population import MEMBER_KEYS
     from agents.population.engine import Member
-    from agents.population.run import member_configs
 
     spec = _population_spec()
     spec["fixed"]["set"] = [*spec["fixed"]["set"], "exploration_initial_eps=0.9"]
@@ -318,12 +317,9 @@ def test_population_tasks_group_runs_that_differ_in_their_epsilon_schedules(tmp_
                       "exploration_final_eps": [0.01, 0.1], "exploration_steps": [200]}]
     work = tasks(plan(spec, tmp_path))
     assert len(work) == 1 and isinstance(work[0], PopulationTask) and len(work[0].runs) == 4
-    assert not {"exploration_final_eps", "exploration_steps"} & set(work[0].values)
-    assert work[0].values["set"] == ["learning_starts=100"]
     members = [Member(*(r.config[k] for k in MEMBER_KEYS)) for r in work[0].runs]
     assert {(m.exploration_initial_eps, m.exploration_final_eps, m.exploration_steps) for m in members} == \
         {(0.9, 0.01, 200), (0.9, 0.1, 200)}
-    assert member_configs(work[0].values, members) == [r.config for r in work[0].runs]
 
 
 def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tmp_path, monkeypatch, capsys,
@@ -331,8 +327,7 @@ def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tm
     # A population of seeds 0 and 1 stops with a checkpoint (a full disk at its results); the grid is then extended
     # with seed 2 listed first, so its chunks of 2 are now (2, 0) and (1): --resume must still continue (0, 1) from
     # their checkpoint (it started both anew, the checkpoint orphaned) and train 2 alone.
-    from agents import grid
-    from agents.grid import run_grid, tasks
+    from agents.grid import run_grid, tasks, worker
 
     free_space = full_disk_at_results
 
@@ -343,7 +338,7 @@ def test_a_resumed_population_keeps_its_checkpoint_when_the_grids_chunks_move(tm
         return _write(tmp_path / "grid.yml", yaml.safe_dump(s))
 
     out = tmp_path / "runs"
-    monkeypatch.setattr(grid, "_WRITE_FAILED", False)
+    monkeypatch.setattr(worker, "_WRITE_FAILED", False)
     report = run_grid(plan(load_grid(spec([0, 1])), out), workers=1, progress=False)
     assert [o.state for o in report.outcomes] == ["failed"] * 2, report.summary()
     free_space()
@@ -381,7 +376,7 @@ def test_a_run_belongs_to_the_newest_checkpoint_that_lists_it(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"command": "ppo", "fixed": {"env": "CartPole-v1"}}, "engine: population trains dqn runs only, not ppo"),
+    ({"command": "ppo", "fixed": {"env": "CartPole-v1"}}, "engine: population trains runs of dqn only, not ppo"),
     ({"engine": "fast"}, "unknown engine 'fast'"),
     ({"engine": None, "population_size": 4}, "population_size is for grids with engine: population"),
     ({"population_size": 0}, "population_size must be a positive integer"),
@@ -410,7 +405,8 @@ def test_a_failing_population_fails_every_member(tmp_path):
 def test_the_ray_backend_refuses_cuda_runs(tmp_path):
     """Ray tasks ask for CPUs only (Ray then hides the GPUs): a cuda run is refused before any cluster starts."""
     from agents.errors import ConfigError
-    from agents.grid import GridRun, _run_ray
+    from agents.grid import GridRun
+    from agents.grid.ray_backend import _run_ray
 
     run = GridRun("dqn", {"device": "cuda"}, tmp_path / "r")
     with pytest.raises(ConfigError, match="the ray backend runs tasks on CPUs; 1 of this grid.s runs ask for device"):
@@ -480,8 +476,8 @@ def main_grid(spec: dict, out: Path) -> int:
 def test_a_failed_write_stays_the_reason_when_error_txt_cannot_be_written_either(tmp_path, monkeypatch):
     # A full disk: the run's RunLogWriteError propagates (not the ENOSPC of writing ERROR.txt) and marks the process
     # as one whose log writes failed (HDF5's state), so that no further run starts in it.
-    from agents import grid
     from agents.commands import get_command
+    from agents.grid import worker
     from runlog import RunLogWriteError
 
     [run] = plan(load_grid(_write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu]}]\n")), tmp_path / "runs")
@@ -496,12 +492,12 @@ def test_a_failed_write_stays_the_reason_when_error_txt_cannot_be_written_either
             raise OSError(28, "No space left on device")
         return write_text(self, *args, **kwargs)
 
-    monkeypatch.setattr(get_command("stream-sin"), "run", full_disk)
+    monkeypatch.setattr(get_command("stream-sin"), "train", full_disk)
     monkeypatch.setattr(Path, "write_text", no_space_for_the_error)
-    monkeypatch.setattr(grid, "_WRITE_FAILED", False)
+    monkeypatch.setattr(worker, "_WRITE_FAILED", False)
     with pytest.raises(RunLogWriteError, match="cannot write run.h5"):
         run_task(run)
-    assert grid._WRITE_FAILED
+    assert worker._WRITE_FAILED
 
 
 def test_a_stop_signal_a_finishing_run_takes_still_stops_an_in_process_grid(tmp_path, monkeypatch, capsys):
@@ -510,13 +506,14 @@ def test_a_stop_signal_a_finishing_run_takes_still_stops_an_in_process_grid(tmp_
     from agents.commands import get_command
     from agents.signals import STOP_SIGNALS, handling
 
-    def finishing(config, run_dir, resume=False):
+    def finishing(run):
+        run.start()
         with handling(STOP_SIGNALS, lambda signum, frame: None):  # the run finishes what it is doing
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)
-        return {"status": "finished"}
+        return run.finish({"status": "finished"})
 
-    monkeypatch.setattr(get_command("stream-sin"), "run", finishing)
+    monkeypatch.setattr(get_command("stream-sin"), "train", finishing)
     grid = _write(tmp_path / "grid.yml", STREAM + "grids: [{act: [relu, tanh]}]\n")
     assert main([str(grid), "--out", str(tmp_path / "runs"), "--workers", "1"]) == 130
     assert "grid interrupted by SIGINT: 1 finished, 0 failed, 0 interrupted, 1 not started" in capsys.readouterr().err
@@ -535,15 +532,15 @@ def test_a_stop_signal_while_finished_runs_are_marked_done_leaves_them_finished(
     if not population:
         spec = {k: v for k, v in spec.items() if k != "engine"}
     runs = plan(spec, tmp_path)
-    replace = Path.replace
+    replace = os.replace
 
-    def signalled(self, target):
-        if self.name == "DONE.json.tmp" and not any(r.run_dir.joinpath("DONE.json").exists() for r in runs):
+    def signalled(source, target):
+        if Path(source).name == ".DONE.json.tmp" and not any(r.run_dir.joinpath("DONE.json").exists() for r in runs):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.1)
-        return replace(self, target)
+        return replace(source, target)
 
-    monkeypatch.setattr(Path, "replace", signalled)
+    monkeypatch.setattr(os, "replace", signalled)
     report = grid.run_grid(runs, workers=1, progress=False)
     finished = 2 if population else 1
     assert [o.state for o in report.outcomes] == ["finished"] * finished and report.not_started == 3 - finished
@@ -590,7 +587,7 @@ def test_axis_flags_scale_a_grid_file_to_the_papers_grid(tmp_path, capsys):
     """``--axis`` replaces a key's values in every sub-grid (the file's lists, a fixed value, under either alias) and
     drops the sub-grids that become identical: classic_study.yml with the paper's 8 learning rates and 10 seeds is
     its 4,800 runs, and with its own values the file's 1,200 run folders."""
-    from agents.grid import axis_values, with_axes
+    from agents.grid.spec import axis_values, with_axes
 
     assert axis_values("0-3,7") == [0, 1, 2, 3, 7] and axis_values("1e-3,3e-4") == [1e-3, 3e-4]
     assert axis_values("elephant,relu,32") == ["elephant", "relu", 32]

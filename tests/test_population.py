@@ -171,7 +171,7 @@ def test_bad_settings_are_refused():
 @pytest.mark.parametrize("inputs, widths", [(2, [20]), (70, [20]), (2, [20, 10])])
 def test_the_compiled_forms_of_a_maxout_net_are_its_modules_in_float64(inputs, widths):
     """The forward "compiled" compiles (here run eagerly), with Maxout's input slab by slab after a Linear of few
-    inputs (:func:`agents.population.engine._slab_linear`) and as the module after a wide one: outputs and
+    inputs (:func:`agents.population.networks._slab_linear`) and as the module after a wide one: outputs and
     gradients equal each member's own network's."""
     from torch import nn
     from torch.func import stack_module_state
@@ -270,10 +270,11 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     settings = ["max_episode_steps=200", "hidden=[64]", "probe=[gradcov,sparsity]", "probe_every=500"]
-    proc = subprocess.run([sys.executable, "-m", "agents.population.run", "--env", "MountainCar-v0", "--act", "relu",
-                           "--seeds", "0-1", "--lrs", "1e-3", "--buffers", "32,10000", "--steps", "1500",
-                           *(a for x in settings for a in ("--set", x)), "--out", str(tmp_path)], cwd=root,
-                          capture_output=True, text=True, timeout=300)
+    grid = tmp_path / "grid.yml"  # (a population of 2 seeds x 2 buffer sizes)
+    grid.write_text("command: dqn\nengine: population\nfixed: {env: MountainCar-v0, act: relu, lr: 0.001, steps: 1500, "
+                    f"progress: false, set: {json.dumps(settings)}}}\ngrids: [{{seed: [0, 1], buffer_size: [32, 10000]}}]\n")
+    proc = subprocess.run([sys.executable, "-m", "agents.grid", str(grid), "--out", str(tmp_path), "--workers", "1"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     single = subprocess.run([sys.executable, "-m", "agents.train", "dqn", "--env", "MountainCar-v0", "--act", "relu",
                              "--steps", "1500", *(a for x in settings for a in ("--set", x)), "--out",
@@ -302,7 +303,7 @@ def test_a_population_writes_the_run_folders_of_single_runs(tmp_path):
 
 @pytest.mark.long  # five processes: .ci/run's step of long tests
 def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
-    """A population of 64 (32 seeds x 2 learning rates): SIGKILL right after the second checkpoint, or SIGTERM (a
+    """A population of 64 seeds (``agents.train dqn --seeds 0-63``): SIGKILL right after the second checkpoint, or SIGTERM (a
     checkpoint of the step it stops after), then --resume: every member's log, probes and final weights equal those
     of an uninterrupted population (a kill loses at most one checkpoint interval of work, nothing of the result)."""
     import os
@@ -316,10 +317,10 @@ def test_a_killed_population_resumes_to_the_uninterrupted_result(tmp_path):
     from runlog.failpoints import ENV as KILL_AT
 
     root = Path(__file__).resolve().parents[1]
-    args = [sys.executable, "-m", "agents.population.run", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
-            "0-31", "--lrs", "1e-3,1e-4", "--steps", "600", "--set", "max_episode_steps=150", "--set",
-            "learning_starts=200", "--set", "hidden=[64]", "--set", "probe=[gradcov]", "--set", "probe_every=300",
-            "--checkpoint-every", "200"]
+    args = [sys.executable, "-m", "agents.train", "dqn", "--env", "Acrobot-v1", "--act", "elephant", "--seeds",
+            "0-63", "--steps", "600", "--set", "max_episode_steps=150", "--set", "learning_starts=200", "--set",
+            "hidden=[64]", "--set", "probe=[gradcov]", "--set", "probe_every=300", "--checkpoint-every", "200",
+            "--no-progress"]
     env = {k: v for k, v in os.environ.items() if k != KILL_AT}
     ref = subprocess.run([*args, "--out", str(tmp_path / "ref")], cwd=root, env=env, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr
@@ -364,7 +365,7 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     members all diverged stops."""
     from agents.commands import get_command
     from agents.errors import ConfigError
-    from agents.population.run import _checkpoint_path, member_configs, train_population
+    from agents.population.run import _checkpoint_path, member_configs, run_population
     from runlog import read_run
 
     values = {"env": "Acrobot-v1", "act": "fta", "n_timesteps": 600, "set": ["learning_starts=100"]}
@@ -374,9 +375,9 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="the population checkpoint is unreadable .*; delete it to start"):
-        train_population(values, members, tmp_path / "both", implementation="batched", resume=True)
-    both = train_population(values, members, tmp_path / "both", implementation="batched")
-    alone = train_population(values, members[:1], tmp_path / "alone", implementation="batched")
+        run_population(values, members, tmp_path / "both", implementation="batched", resume=True)
+    both = run_population(values, members, tmp_path / "both", implementation="batched")
+    alone = run_population(values, members[:1], tmp_path / "alone", implementation="batched")
     assert not path.exists()
     assert both[1]["status"] == "nan" and both[1]["steps"] < 600 and both[0]["status"] == "finished"
     configs = member_configs(values, members)
@@ -393,7 +394,7 @@ def test_a_diverging_member_ends_as_a_diverged_run_and_the_others_go_on(tmp_path
         return step(pop, *args, **kwargs)
 
     monkeypatch.setattr(Population, "step", counted)  # a population whose members all ended stops there
-    [lone] = train_population(values, [wild], tmp_path / "wild", implementation="batched")
+    [lone] = run_population(values, [wild], tmp_path / "wild", implementation="batched")
     assert lone == {**both[1], **{k: lone[k] for k in lone if "second" in k or k == "run_dir"}}
     assert len(steps) == lone["steps"] < 600
 
@@ -405,7 +406,7 @@ def test_a_population_stays_resumable_until_its_results_are_written_and_finishes
     import json
 
     from agents.commands import get_command
-    from agents.population.run import _checkpoint_path, member_configs, train_population
+    from agents.population.run import _checkpoint_path, member_configs, run_population
 
     values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 400,
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
@@ -426,16 +427,16 @@ def test_a_population_stays_resumable_until_its_results_are_written_and_finishes
 
     monkeypatch.setattr(torch, "save", full_disk_at_the_second_member)
     with pytest.raises(OSError, match="No space left"):
-        train_population(values, members, tmp_path, implementation="batched", checkpoint_every=100)
+        run_population(values, members, tmp_path, implementation="batched", checkpoint_every=100)
     monkeypatch.setattr(torch, "save", save)
     assert path.exists() and not any((dirs[2] / n).exists() for n in ("model.zip", "checkpoint.pkl", "summary.json"))
-    done = train_population(values, members, tmp_path, implementation="batched", resume=True)
+    done = run_population(values, members, tmp_path, implementation="batched", resume=True)
     assert "resuming the population of 3 at step 300" in capsys.readouterr().err
     assert not path.exists() and [s["status"] for s in done] == ["finished"] * 3
-    stamps = {f: f.stat().st_mtime_ns for d in dirs for f in d.iterdir()}
-    assert train_population(values, members, tmp_path, implementation="batched", resume=True) == done
+    stamps = {f: f.stat().st_mtime_ns for d in dirs for f in d.iterdir() if f.name != ".lock"}  # (the lock's holder)
+    assert run_population(values, members, tmp_path, implementation="batched", resume=True) == done
     assert "the population of 3 finished already (400 steps); nothing to resume" in capsys.readouterr().err
-    assert {f: f.stat().st_mtime_ns for d in dirs for f in d.iterdir()} == stamps
+    assert {f: f.stat().st_mtime_ns for d in dirs for f in d.iterdir() if f.name != ".lock"} == stamps
     weights = torch.load(dirs[0] / "q_net.pt")
     assert (dirs[0] / "q_net.pt").stat().st_size < 2 * sum(4 * w.numel() for w in weights.values()) + 4096
 
@@ -445,19 +446,19 @@ def test_a_checkpoint_older_than_a_fresh_start_in_a_member_folder_is_not_resumed
     """Population (0, 1) stops with a checkpoint; population (2, 0) then starts afresh in seed 0's folder (a grid
     re-chunked and run without --resume). Resuming (0, 1) must not continue the old checkpoint over seed 0's new log:
     it is stale, removed, and (0, 1) start at step 0."""
-    from agents.population.run import _checkpoint_path, member_configs, train_population
+    from agents.population.run import _checkpoint_path, member_configs, run_population
 
     values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
     first = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in (0, 1)]
     path = _checkpoint_path(tmp_path, member_configs(values, first))
     with pytest.raises(OSError, match="No space left"):
-        train_population(values, first, tmp_path, implementation="batched", checkpoint_every=100)
+        run_population(values, first, tmp_path, implementation="batched", checkpoint_every=100)
     full_disk_at_results()  # (space freed)
     assert path.exists()
-    train_population(values, [Member(2, 1e-3, 300), first[0]], tmp_path, implementation="batched")
+    run_population(values, [Member(2, 1e-3, 300), first[0]], tmp_path, implementation="batched")
     capsys.readouterr()
-    done = train_population(values, first, tmp_path, implementation="batched", resume=True)
+    done = run_population(values, first, tmp_path, implementation="batched", resume=True)
     err = capsys.readouterr().err
     assert "the checkpoint is stale and removed, the population of 2 starts at step 0" in err, err
     assert "resuming" not in err and [s["status"] for s in done] == ["finished"] * 2 and not path.exists()
@@ -472,13 +473,13 @@ def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path,
     import shutil
     import time
 
-    from agents.population.run import _checkpoint_path, member_configs, train_population
+    from agents.population.run import _checkpoint_path, member_configs, run_population
 
     values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 300,
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
     members = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in (0, 1)]
     with pytest.raises(OSError, match="No space left"):
-        train_population(values, members, tmp_path / "here", implementation="batched", checkpoint_every=100)
+        run_population(values, members, tmp_path / "here", implementation="batched", checkpoint_every=100)
     full_disk_at_results()
     shutil.copytree(tmp_path / "here", tmp_path / "there", copy_function=shutil.copy)  # (contents, not times)
     path = _checkpoint_path(tmp_path / "there", member_configs(values, members))
@@ -486,17 +487,17 @@ def test_a_study_copied_without_its_file_times_resumes_its_checkpoints(tmp_path,
     for config in (tmp_path / "there").rglob("config.yaml"):
         os.utime(config, (later, later))
     capsys.readouterr()
-    done = train_population(values, members, tmp_path / "there", implementation="batched", resume=True)
+    done = run_population(values, members, tmp_path / "there", implementation="batched", resume=True)
     err = capsys.readouterr().err
     assert "resuming the population of 2 at step 200" in err and "stale" not in err, err
     assert [s["status"] for s in done] == ["finished"] * 2
 
     # the original's checkpoint, after a fresh start in seed 1's folder, dated after it: stale all the same
-    train_population(values, [Member(2, 1e-3, 300), members[1]], tmp_path / "here", implementation="batched")
+    run_population(values, [Member(2, 1e-3, 300), members[1]], tmp_path / "here", implementation="batched")
     path = _checkpoint_path(tmp_path / "here", member_configs(values, members))
     os.utime(path, (later, later))
     capsys.readouterr()
-    train_population(values, members, tmp_path / "here", implementation="batched", resume=True)
+    run_population(values, members, tmp_path / "here", implementation="batched", resume=True)
     assert "the checkpoint is stale and removed" in capsys.readouterr().err
 
 
@@ -512,7 +513,7 @@ def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false"]}
     members = [Member(seed=s, learning_rate=1e-3, buffer_size=300) for s in (0, 1)]
     with pytest.raises(OSError, match="No space left"):
-        run.train_population(values, members, tmp_path, implementation="batched", checkpoint_every=100)
+        run.run_population(values, members, tmp_path, implementation="batched", checkpoint_every=100)
     full_disk_at_results()
     seed1 = run.member_dirs(run.member_configs(values, members), tmp_path)[1]
     before = {name: (seed1 / name).read_bytes() for name in ("config.yaml", "run.h5")}
@@ -526,12 +527,12 @@ def test_a_fresh_start_killed_before_a_members_log_leaves_that_folder_as_it_was(
 
     monkeypatch.setattr(run, "MemberLog", killed_at_seed_1)
     with pytest.raises(KeyboardInterrupt):  # ... started afresh in seeds 2 and 1, killed at seed 1's log
-        run.train_population(probed, [Member(2, 1e-3, 300), members[1]], tmp_path, implementation="batched")
+        run.run_population(probed, [Member(2, 1e-3, 300), members[1]], tmp_path, implementation="batched")
     monkeypatch.setattr(run, "MemberLog", real)
     assert {name: (seed1 / name).read_bytes() for name in ("config.yaml", "run.h5")} == before
     seed2 = run.member_dirs(run.member_configs(probed, [Member(2, 1e-3, 300)]), tmp_path)[0]
     RunLog(seed2 / "run.h5", config={}, seed=2, probes={}).close()  # (seed 2's log was closed, not left open)
-    done = run.train_population(values, members, tmp_path, implementation="batched", resume=True)
+    done = run.run_population(values, members, tmp_path, implementation="batched", resume=True)
     assert [s["status"] for s in done] == ["finished"] * 2
 
 
@@ -599,7 +600,7 @@ def test_a_population_checkpoints_at_its_configs_interval(tmp_path, monkeypatch,
     monkeypatch.setattr(run, "_checkpoint", lambda path, pop, *args: steps.append(pop.num_timesteps))
     values = {"env": "Acrobot-v1", "act": "relu", "n_timesteps": 400,
               "set": ["learning_starts=100", "hidden=[16]", "match_width=false", *setting]}
-    run.train_population(values, [Member(0, 1e-3, 300)], tmp_path, implementation="batched")
+    run.run_population(values, [Member(0, 1e-3, 300)], tmp_path, implementation="batched")
     assert steps == expected
 
 
@@ -656,13 +657,14 @@ def test_settings_the_engine_would_ignore_are_refused():
             Population(resolve("dqn", {"env": "MountainCar-v0", **setting}), MEMBERS)
 
 
-def test_the_command_sweeps_epsilon_schedules_into_run_folders_of_their_own(tmp_path, capsys):
-    from agents.population.run import main
+def test_epsilon_schedules_sweep_into_run_folders_of_their_own(tmp_path):
+    from agents.population.run import run_population
 
-    assert main(["--env", "MountainCar-v0", "--act", "relu", "--final-eps", "0.01,0.2", "--eps-steps", "100",
-                 "--steps", "120", "--set", "learning_starts=50", "--set", "net_arch=[8]", "--out", str(tmp_path)]) == 0
+    values = {"env": "MountainCar-v0", "act": "relu", "n_timesteps": 120, "set": ["learning_starts=50", "net_arch=[8]"]}
+    members = [Member(0, 1e-3, 300, exploration_final_eps=f, exploration_steps=100) for f in (0.01, 0.2)]
+    assert [s["status"] for s in run_population(values, members, tmp_path)] == ["finished"] * 2
     finals = sorted(yaml.safe_load(p.read_text())["exploration_final_eps"] for p in tmp_path.rglob("config.yaml"))
-    assert finals == [0.01, 0.2] and "2 members" in capsys.readouterr().err
+    assert finals == [0.01, 0.2]
 
 
 def test_the_benchmark_reports_rates_ratios_and_the_time_split(capsys):
@@ -680,3 +682,31 @@ def test_the_benchmark_reports_rates_ratios_and_the_time_split(capsys):
         assert r["ratio_to_sb3"] == pytest.approx(r["steps_per_second"] / base)
         assert set(r["time_share"]) == {"acting", "env", "update"} and 0 < sum(r["time_share"].values()) <= 1
     assert "x SB3" in out.err
+
+
+def test_seeds_on_the_cli_train_as_one_population_where_the_engine_takes_them(tmp_path, capsys):
+    """``agents.train dqn --seeds 0-2``: one population, each run in the folder ``--seed`` gives it, ended as a single
+    run ends (summary, DONE.json); where the engine does not take the env the runs train one after another."""
+    from agents.lifecycle import read_done
+    from agents.train import main
+    from runlog import read_run
+
+    flags = ["--act", "relu", "--steps", "300", "--set", "learning_starts=100", "--set", "hidden=[16]",
+             "--no-progress", "--out", str(tmp_path)]
+    assert main(["dqn", "--env", "Acrobot-v1", "--seeds", "0-2", *flags]) == 0
+    out = capsys.readouterr()
+    assert "3 runs as one population" in out.err
+    summaries = json.loads(out.out)
+    assert [s["status"] for s in summaries] == ["finished"] * 3
+    for seed, summary in enumerate(summaries):
+        folder = tmp_path / "dqn" / "Acrobot-v1" / "relu"
+        [run_dir] = [d for d in folder.rglob(f"seed{seed}") if d.is_dir()]
+        assert summary["run_dir"] == str(run_dir) and read_done(run_dir)["summary"]["steps"] == summary["steps"] == 300
+        assert read_run(run_dir / "run.h5").attrs["engine"].startswith("population:")
+    assert main(["dqn", "--env", "CartPole-v1", "--seeds", "0,1", *flags]) == 0
+    out = capsys.readouterr()
+    assert "no batched version of 'CartPole-v1'" in out.err and "the 2 runs train one after another" in out.err
+    assert len(json.loads(out.out)) == 2 and len(list((tmp_path / "dqn" / "CartPole-v1").rglob("DONE.json"))) == 2
+    with pytest.raises(SystemExit, match="2"):
+        main(["dqn", "--env", "Acrobot-v1", "--seeds", "0-1", "--seed", "3", *flags])
+    assert "give --seed or --seeds, not both" in capsys.readouterr().err

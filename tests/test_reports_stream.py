@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
+from agents.lifecycle import execute
 from agents.stream.commands import COMMANDS
 from runlog import RunLog, find_runs, read_run
 from reports import paper, stream
@@ -33,11 +34,11 @@ def out_root(tmp_path_factory):
     c = COMMANDS["stream-sin"]
     for act, lr, lam, beta in SETTINGS:
         cfg = c.make_config({**TINY, "act": act, "lr": lr, "srnn_lambda": lam, "srnn_beta": beta})
-        c.run(cfg, c.run_dir(cfg, root))
+        execute(c.train, cfg, c.run_dir(cfg, root))
     e = COMMANDS["edit"]
     for act in ("relu", "elephant"):
         ec = e.make_config({"act": act, "seeds": "0,1", "width": 100, "pretrain_steps": 500})
-        e.run(ec, e.run_dir(ec, root))
+        execute(e.train, ec, e.run_dir(ec, root))
     return root
 
 

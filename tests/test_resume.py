@@ -246,14 +246,15 @@ def test_resume_leaves_a_finished_run_alone_and_starts_a_run_without_checkpoint(
 def test_resume_keeps_a_finished_run_only_if_it_was_made_with_this_config(tmp_path):
     """A finished summary counts only beside a config.yaml of the same config (output settings aside): a folder
     finished with another one (a stale run stopped before its files were replaced) is redone, not kept."""
+    from agents.lifecycle import RunFolder
     from agents.rl.run import _start
 
     config = {"algo": "dqn", "n_timesteps": 100, "probe_every": 50, "progress": False}
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "steps": 100}))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**config, "progress": True}))
-    assert _start(config, tmp_path, resume=True) == (None, {"status": "finished", "steps": 100})
+    assert _start(RunFolder(tmp_path, config, resume=True)) == (None, {"status": "finished", "steps": 100})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**config, "probe_every": 100}))
-    assert _start(config, tmp_path, resume=True) == (None, None)
+    assert _start(RunFolder(tmp_path, config, resume=True)) == (None, None)
     assert not (tmp_path / "summary.json").exists() and yaml.safe_load((tmp_path / "config.yaml").read_text()) == config
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from agents.lifecycle import execute
 from agents import showcase
 from agents.stream.commands import COMMANDS, _mse, _sampler, sample_steps
 from agents.stream.learner import StreamConfig, build_net, train_stream
@@ -40,12 +41,12 @@ def test_stream_run_logs_gradcov_from_the_kth_sample_and_trains_as_without_probe
     cmd = COMMANDS["stream-sin"]
     base = {"act": "relu", "lr": 3e-3, "seeds": "0", **TINY}
     cfg = cmd.make_config({**base, "probe": "gradcov", "probe_at": "1,20,40"})
-    with_probe = cmd.run(cfg, tmp_path / "a")
+    with_probe = execute(cmd.train, cfg, tmp_path / "a")
     run = read_run(tmp_path / "a" / "seed0" / "run.h5")
     assert run.probes["gradcov"]["step"].tolist() == [32, 40]
     assert run.probes["gradcov"]["mse"].shape == (2, 32, 32)
     assert run.scalars["run_end"][1].tolist() == [0]  # "finished"
-    without = cmd.run(cmd.make_config({**base, "probe": ""}), tmp_path / "b")
+    without = execute(cmd.train, cmd.make_config({**base, "probe": ""}), tmp_path / "b")
     assert with_probe["final_mse"] == without["final_mse"]
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from agents.lifecycle import execute
 from agents.stream.commands import COMMANDS
 from agents.stream.edit import EditConfig, edit
 from agents.stream.learner import StreamConfig, train_stream
@@ -57,7 +58,7 @@ def test_stream_command_writes_run_logs(tmp_path):
     cmd = COMMANDS["stream-sin"]
     cfg = cmd.make_config({"act": "elephant", "lr": 1e-3, "seeds": "0,1", "probe": "ntk,outputs,sparsity,gradcov",
                            "probe_at": "1,10,20", **TINY})
-    summary = cmd.run(cfg, cmd.run_dir(cfg, tmp_path))
+    summary = execute(cmd.train, cfg, cmd.run_dir(cfg, tmp_path))
     run = read_run(tmp_path / "stream-sin" / "elephant" / "lr0.001" / "seed1" / "run.h5")
     assert run.seed == 1 and run.config["act"] == "elephant" and run.config["algo"] == "stream-sin"
     steps, mse = run.scalars["test_mse"]
@@ -74,9 +75,9 @@ def test_stream_command_writes_run_logs(tmp_path):
 def test_probes_do_not_change_the_stream(tmp_path):
     cmd = COMMANDS["stream-sin"]
     base = {"act": "elephant", "lr": 1e-3, "seeds": "0", **TINY}
-    with_probes = cmd.run(cmd.make_config({**base, "probe": "ntk,outputs,sparsity,gradcov,weights",
+    with_probes = execute(cmd.train, cmd.make_config({**base, "probe": "ntk,outputs,sparsity,gradcov,weights",
                                            "probe_at": "1,5,10,15,20"}), tmp_path / "a")
-    without = cmd.run(cmd.make_config({**base, "probe": ""}), tmp_path / "b")
+    without = execute(cmd.train, cmd.make_config({**base, "probe": ""}), tmp_path / "b")
     assert with_probes["final_mse"] == without["final_mse"]
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import sys
 from collections.abc import Mapping
@@ -34,7 +33,7 @@ from probes import PROBES, ProbeContext, ProbeRunner, make_probe
 from ..commands import add_activation_flags, probe_list
 from ..errors import ConfigError
 from ..inputs import parse_seeds, read_yaml
-from ..runfolder import write_run_file
+from ..lifecycle import RunFolder
 from .data import DATASETS, DataError, Dataset, load_dataset, seen_mask, stream_indices, task_classes
 from .learner import MODELS, ClassIncConfig, Progress, build_model, nll, seen_accuracy, task_accuracies, \
     train_class_inc
@@ -237,7 +236,8 @@ class ClassInc:
         return (Path(out) / self.name / data / method_name(config)
                 / f"w{config['width']}-bs{config['batch_size']}" / _tag(config))
 
-    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    def train(self, run: RunFolder) -> dict[str, Any]:
+        config, run_dir = run.config, run.path
         cfg = _config(config)
         cfg.seeds = tuple(config["seeds"])
         try:
@@ -252,6 +252,7 @@ class ClassInc:
         except ValueError as err:
             raise ConfigError(f"--model {cfg.model} on {cfg.data} (samples of shape {data.input_shape}): {err}") \
                 from None
+        run.start()
         final = {}
         for seed in cfg.seeds:
             final[str(seed)] = run_seed(cfg, data, seed, config, run_dir / f"seed{seed}" / "run.h5")
@@ -263,8 +264,7 @@ class ClassInc:
                    "mean_final_acc": float(acc.mean()) if ok else None,
                    "sem_final_acc": float(acc.std(ddof=1) / math.sqrt(len(acc))) if ok and len(acc) > 1 else None,
                    "status": "finished" if ok else "nan"}
-        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=1))
-        return summary
+        return run.finish(summary)
 
 
 def _probe_inputs(data: Dataset) -> torch.Tensor:

@@ -4,6 +4,8 @@
 * :mod:`agents.population.engine`: P paper-DQN members with stacked parameters, per-member learning rates, buffers,
   epsilon schedules and randomness; a member equals ``agents.train dqn``'s SB3 model bit for bit
   (``implementation="loop"``);
+* :mod:`agents.population.networks`: the members' networks on stacked parameters, run in one call per step
+  (:data:`agents.population.networks.IMPLEMENTATIONS`), their TD losses and the RMSprop step;
 * :mod:`agents.population.run`: a population written as one run folder per member, as `agents.train dqn` writes;
 * :mod:`agents.population.bench`: aggregate env steps/s against SB3's DQN, with the time split.
 """

@@ -28,145 +28,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from stable_baselines3.common.utils import set_random_seed
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
-from agents.rl.algos import ALGOS
-from agents.rl.envs import env_spaces
-from interference import FTA, LWTA, Elephant, Maxout, elephant
+from .envs import BATCHED_ENVS, BatchedEnv, make_batched
+from .networks import COMPILE_FROM, EAGER_FASTER, IMPLEMENTATIONS, _batched_forward, _rmsprop, _td_losses, member_q_net
 
-from .envs import BatchedEnv, make_batched
-
-__all__ = ["Member", "Draws", "Population", "member_q_net", "IMPLEMENTATIONS"]
-
-#: how the members' networks run, fastest first: "compiled" (the batched network, TD loss and RMSprop step through
-#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a 10-60 s compile per
-#: population and process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager),
-#: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
-#: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
-#: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
-#: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "batched"
-#: for networks with a layer of :data:`EAGER_FASTER`; "vmap" for networks the batched path does not know). The
-#: implementations agree to float rounding, which RL amplifies over a run: under "auto" a member's exact numbers
-#: depend on how many members share its population (in a grid, on ``population_size`` and what is left to run);
-#: name one (``agents.population.run --implementation``) where runs must repeat bit for bit across groupings
-IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
-#: members x env steps from which "auto" compiles
-COMPILE_FROM = 500_000
-#: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for LWTA's group max (amax and its
-#: backward) is slower than eager's (MountainCar, P = 32, one thread: 405 agent-steps/s compiled vs 657 batched);
-#: Maxout's was too (309 vs 599) until it took its input slab by slab (:data:`SLAB_INPUTS`: 1,066 vs 724 and 3.95x
-#: vs 2.53x SB3 in two runs, studies running beside)
-EAGER_FASTER = (LWTA,)
-#: Linear layers with at most this many outputs run under "compiled" as one product-sum per output, unless they
-#: follow a layer of :data:`MATMUL_AFTER`: Inductor fuses the sums into one loop that computes the layer before once
-#: (written as one broadcast product summed over its inputs, it recomputed that layer per output: MountainCar, P = 32,
-#: one thread, Elephant update 9.5-10.4 -> 6.7-7.9 ms, 2,360-2,553 -> 3,103-3,386 agent-steps/s)
-NARROW = 16
-#: under "compiled", a Maxout layer after a Linear layer of at most this many inputs takes its input slab by slab
-#: (:func:`_slab_linear`)
-SLAB_INPUTS = 64
-#: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
-#: was slower (MountainCar, P = 32: FTA 352 agent-steps/s fused vs 673 as a matmul, LWTA 345 vs 426; FTA 1,087 as a
-#: matmul with :mod:`agents.allocator`'s setting). With one sum per output FTA is level either way (update 15.8-18.1
-#: ms as a matmul, 17.0-17.4 fused) and Maxout gains (19.5-22.3 -> 15.9-16.6 ms), so Maxout left this list
-MATMUL_AFTER = (LWTA, FTA)
-
-
-def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
-    """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows (Linear, LayerNorm,
-    ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
-    run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
-    form ``torch.compile`` fuses best (the Elephant formula in plain ops; a narrow Linear layer, such as the Q head,
-    as one product-sum over its inputs per output, which Inductor fuses with the activation before it, where a
-    matmul of a few columns is a slow call); else eager kernels (baddbmm, the fused Elephant function)."""
-    if not isinstance(base, nn.Sequential):
-        return None
-    steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
-    previous: nn.Module | None = None
-    previous_name = ""
-    for name, mod in base.named_children():
-        fuse = compiled and type(previous) not in MATMUL_AFTER
-        if compiled and type(mod) is Maxout and _slab_linear_ok(previous) and previous.out_features % mod.k == 0:
-            # the Linear before it computes its units slab by slab (unit j of every group first, j = 0..k-1), so
-            # that the group max is k - 1 elementwise maxima of contiguous slabs, which Inductor vectorises
-            steps[-1] = lambda p, x, n=previous_name, k=mod.k: _slab_linear(p[f"{n}.weight"], p[f"{n}.bias"], x, k)
-            steps.append(lambda p, x, k=mod.k: _slab_max(x, k))
-            previous, previous_name = mod, name
-            continue
-        previous, previous_name = mod, name
-        if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
-            steps.append(lambda p, x, n=name, out=mod.out_features: torch.stack(
-                [(x * p[f"{n}.weight"][:, None, o]).sum(-1) for o in range(out)], -1) + p[f"{n}.bias"][:, None, :])
-        elif type(mod) is nn.Linear and mod.bias is not None:
-            steps.append(lambda p, x, n=name: torch.baddbmm(p[f"{n}.bias"][:, None, :], x,
-                                                            p[f"{n}.weight"].transpose(1, 2)))
-        elif type(mod) is nn.LayerNorm and mod.elementwise_affine and mod.bias is not None and \
-                len(mod.normalized_shape) == 1:
-            steps.append(lambda p, x, n=name, eps=mod.eps: torch.addcmul(
-                p[f"{n}.bias"][:, None, :], F.layer_norm(x, x.shape[-1:], eps=eps), p[f"{n}.weight"][:, None, :]))
-        elif type(mod) is nn.ReLU:
-            steps.append(lambda p, x: torch.relu(x))
-        elif type(mod) in (Maxout, LWTA, FTA):  # no parameters, the last dimension only: the module itself
-            steps.append(lambda p, x, mod=mod: mod(x))
-        elif type(mod) is Elephant and mod.num_units is not None and mod.learnable:
-            steps.append(lambda p, x, n=name, d=mod.d, k="autograd" if compiled else "fused": elephant(
-                x, p[f"{n}.log_h"].exp()[:, None, :], p[f"{n}.log_a"].exp()[:, None, :], d, k))
-        else:
-            return None
-
-    def forward(params: Mapping[str, Tensor], x: Tensor) -> Tensor:
-        for step in steps:
-            x = step(params, x)
-        return x
-
-    return forward
-
-
-def _slab_linear_ok(mod: nn.Module | None) -> bool:
-    """Whether a Linear layer's weight is cheap to permute per call (a few inputs, as the first layer's): it costs
-    ``out x in`` copies per member against ``batch x out`` activations."""
-    return type(mod) is nn.Linear and mod.bias is not None and mod.in_features <= SLAB_INPUTS
-
-
-def _slab_linear(weight: Tensor, bias: Tensor, x: Tensor, k: int) -> Tensor:
-    """``x @ weight.T + bias`` ``(P, B, out)`` with its units reordered into ``k`` slabs: unit ``g * k + j`` (unit
-    ``j`` of group ``g``) at ``j * (out / k) + g``."""
-    P, out, inputs = weight.shape
-    w = weight.unflatten(1, (out // k, k)).transpose(1, 2).reshape(P, out, inputs)
-    b = bias.unflatten(1, (out // k, k)).transpose(1, 2).reshape(P, out)
-    return torch.baddbmm(b[:, None, :], x, w.transpose(1, 2))
-
-
-def _slab_max(x: Tensor, k: int) -> Tensor:
-    """Maxout of :func:`_slab_linear`'s output: the elementwise max of its ``k`` slabs ``(P, B, out / k)``."""
-    n = x.shape[-1] // k
-    m = x[..., :n]
-    for j in range(1, k):
-        m = torch.maximum(m, x[..., j * n:(j + 1) * n])
-    return m
-
-
-def _td_losses(q_values: Callable[[Mapping[str, Tensor], Tensor], Tensor], gamma: float, params: Mapping[str, Tensor],
-               target: Mapping[str, Tensor], obs: Tensor, act: Tensor, nxt: Tensor, rew: Tensor,
-               done: Tensor) -> Tensor:
-    """The members' MSE TD losses ``(P,)`` on their samples (``obs``, ``nxt`` ``(P, k, obs_dim)``; ``act``, ``rew``,
-    ``done`` ``(P, k)``), targets from the target networks without grad."""
-    with torch.no_grad():
-        next_q = q_values(target, nxt).max(-1).values
-        y = rew + (1 - done) * gamma * next_q
-    q = q_values(params, obs).gather(-1, act[..., None])[..., 0]
-    return ((q - y) ** 2).mean(-1)
-
-
-def _rmsprop(params: Sequence[Tensor], grads: Sequence[Tensor], square_avgs: Sequence[Tensor], lr: Tensor,
-             alpha: float, eps: float) -> None:
-    """torch's RMSprop step (no momentum, not centred) in place on stacked parameters, ``lr`` ``(P,)`` per member."""
-    for p, g, v in zip(params, grads, square_avgs):
-        v.mul_(alpha).addcmul_(g, g, value=1 - alpha)
-        p.add_(-lr.view(-1, *([1] * (p.dim() - 1))) * g / (v.sqrt() + eps))  # torch: addcdiv_(g, sqrt(v)+eps, -lr)
+__all__ = ["Member", "Draws", "Population", "config_refusal", "member_q_net", "IMPLEMENTATIONS"]
 
 
 @dataclass(frozen=True)
@@ -203,9 +72,9 @@ class Draws:
     """Each member's random draws, one generator per member (from its seed): ``explore(m)`` a uniform in [0, 1)
     (epsilon's coin), ``action(m)`` a uniform action, ``all_indices(sizes, k)`` ``(P, k)`` replay indices, row ``m``
     in ``[0, sizes[m])`` from member ``m``'s generator. Integers are ``floor(u * n)`` of a uniform ``u`` on the 2^53
-    grid (bias below n / 2^53), one ``random`` call per member: numpy's ``integers`` costs about 8x as much per call,
-    which made drawing replay indices a sixth of a population's step (P = 32). Tests inject other objects with these
-    three methods (SB3's recorded draws)."""
+    grid (bias below n / 2^53), one ``random`` call per member, cheaper than numpy's ``integers``: replay indices
+    are drawn for every member at every step. Tests inject other objects with these three methods (SB3's recorded
+    draws)."""
 
     def __init__(self, seeds: Sequence[int], n_actions: int) -> None:
         self.rngs = [np.random.default_rng([s, 7]) for s in seeds]
@@ -222,15 +91,33 @@ class Draws:
         return (u * sizes[:, None]).astype(np.int64)
 
 
-def member_q_net(config: Mapping[str, Any], seed: int) -> nn.Module:
-    """The Q-network ``agents.train dqn`` builds for ``config`` with ``seed`` (same modules, same initial weights)."""
-    from agents.rl.run import policy_kwargs
-
-    obs, act = env_spaces(config["env"], max_episode_steps=config.get("max_episode_steps"),
-                          env_kwargs=config.get("env_kwargs") or {})
-    set_random_seed(seed)
-    policy = ALGOS["dqn"].policy(obs, act, lambda _: config["learning_rate"], **policy_kwargs(config))
-    return policy.q_net
+def config_refusal(config: Mapping[str, Any], device: str = "cpu") -> str | None:
+    """Why the population engine cannot train runs of the resolved dqn ``config`` on ``device`` exactly as
+    ``agents.train dqn`` would (another env, loss, optimiser, schedule, ...), or None if it can."""
+    if config.get("env") not in BATCHED_ENVS:
+        return f"no batched version of {config.get('env')!r}; the population engine runs {', '.join(BATCHED_ENVS)}"
+    unsupported = {k: config.get(k) for k in ("train_freq", "gradient_steps", "n_steps", "n_envs")
+                   if config.get(k, 1) != 1}
+    if config.get("td_loss", "mse") != "mse" or config.get("optimizer") != "rmsprop" or unsupported or \
+            config.get("max_grad_norm") is not None or config.get("tau", 1.0) != 1.0:
+        return ("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one update per env "
+                "step, 1-step returns, target copies, one env per member; got "
+                f"{unsupported or 'another loss, optimiser, clipping or tau'}")
+    ignored = {k: config.get(k) for k, ok in (("lr_schedule", "constant"), ("normalize_obs", False),
+                                               ("normalize_reward", False), ("eval_every", None),
+                                               ("sb3_log", None)) if (config.get(k) or ok) != ok}
+    opt_extra = set(config.get("optimizer_kwargs") or {}) - {"alpha", "eps", "foreach"}
+    if ignored or opt_extra or config.get("exploration_steps") is None:
+        got = ignored or (f"optimizer_kwargs {sorted(opt_extra)}" if opt_extra else "exploration_steps unset")
+        return ("the population engine runs the paper's DQN as agents.train dqn does with constant learning rates, "
+                "RMSprop's alpha and eps, raw observations and rewards, no evaluation or SB3 logs and an "
+                f"exploration_steps schedule; got {got}")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
+    if config.get("env_kwargs"):
+        return (f"the batched envs run the registered envs' defaults; env_kwargs {config['env_kwargs']} would make "
+                "members differ from agents.train dqn's runs")
+    return None
 
 
 class Population:
@@ -248,27 +135,8 @@ class Population:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         if not members:
             raise ValueError("a population needs at least one member")
-        unsupported = {k: config.get(k) for k in ("train_freq", "gradient_steps", "n_steps", "n_envs")
-                       if config.get(k, 1) != 1}
-        if config.get("td_loss", "mse") != "mse" or config.get("optimizer") != "rmsprop" or unsupported or \
-                config.get("max_grad_norm") is not None or config.get("tau", 1.0) != 1.0:
-            raise ValueError("the population engine runs the paper's DQN: MSE TD loss, RMSprop, no clipping, one "
-                             "update per env step, 1-step returns, target copies, one env per member; got "
-                             f"{unsupported or 'another loss, optimiser, clipping or tau'}")
-        ignored = {k: config.get(k) for k, ok in (("lr_schedule", "constant"), ("normalize_obs", False),
-                                                   ("normalize_reward", False), ("eval_every", None),
-                                                   ("sb3_log", None)) if (config.get(k) or ok) != ok}
-        opt_extra = set(config.get("optimizer_kwargs") or {}) - {"alpha", "eps", "foreach"}
-        if ignored or opt_extra or config.get("exploration_steps") is None:
-            got = ignored or (f"optimizer_kwargs {sorted(opt_extra)}" if opt_extra else "exploration_steps unset")
-            raise ValueError("the population engine runs the paper's DQN as agents.train dqn does with constant "
-                             "learning rates, RMSprop's alpha and eps, raw observations and rewards, no evaluation "
-                             f"or SB3 logs and an exploration_steps schedule; got {got}")
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: this torch build or machine has no CUDA; use --device cpu")
-        if config.get("env_kwargs"):
-            raise ValueError(f"the batched envs run the registered envs' defaults; env_kwargs {config['env_kwargs']} "
-                             "would make members differ from agents.train dqn's runs")
+        if (why := config_refusal(config, device)) is not None:
+            raise ValueError(why)
         self.config, self.members, self.device = dict(config), list(members), torch.device(device)
         self.P = len(members)
         nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
@@ -339,9 +207,10 @@ class Population:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("diverged", np.zeros(self.P, dtype=np.int64))  # (checkpoints of before 2026-11-23)
+        # a checkpoint without ``diverged`` holds no diverged member
+        self.__dict__.setdefault("diverged", np.zeros(self.P, dtype=np.int64))
         self.__dict__.setdefault("_auto", True)
-        if "eps_steps" not in state:  # (checkpoints of before per-member schedules: the config's for every member)
+        if "eps_steps" not in state:  # (checkpoints without per-member schedules: the config's for every member)
             self.eps_initial, self.eps_final, self.eps_steps = _schedules(self.config, self.members)
         self._compiled_ok = False  # (compiled again here, maybe on another machine)
         self._build_paths()

@@ -1,33 +1,28 @@
-"""Train a population and write one run folder per member, as ``agents.train dqn`` writes a run.
+"""A population written as one run folder per member, as ``agents.train dqn`` writes a run.
 
-    python -m agents.population.run --env MountainCar-v0 --act elephant --seeds 0-4 --lrs 1e-3,3e-4 \\
-        --buffers 100,10000 [--final-eps 0.01,0.1] [--eps-steps 1000,5000] [--steps N] [--set KEY=VALUE ...] \\
-        --out runs/population
+    python -m agents.train dqn --env MountainCar-v0 --act elephant --seeds 0-31 --out runs
 
-Members are the product of seeds x learning rates x buffer sizes (x final epsilons x decay steps); each gets the
-config ``agents.train dqn`` would resolve for it and the same folder (``OUT/dqn/ENV/ACT/TAG/seedN``:
-``config.yaml``, ``run.h5``, ``summary.json``), so ``reports`` and ``reports.classic`` read populations and single
-runs alike. The log holds the episode returns and lengths, the TD loss and learning rate (as a single run's: the
-first update, every hundredth of the run, the last); the run log's ``engine`` attribute says
-``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its ``state_dict``). Probes (``--set
-probe=[gradcov]`` ...) run per member on its own network and replay buffer, into its log, as in a single run. The
-population checkpoints to ``OUT/populations/<key>.pkl`` (its members' folders listed in ``<key>.members.json``) and
-``--resume`` continues it exactly.
+trains the 32 runs as one population in one process (:data:`POPULATION`, the DQN declaration's population engine);
+a grid with ``engine: population`` (:mod:`agents.grid`) also crosses learning rates, buffer sizes and epsilon
+schedules (:data:`MEMBER_KEYS`). Each member gets the config ``agents.train dqn`` would resolve for it and the same
+folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``, ``DONE.json``), so ``reports``
+and ``reports.classic`` read populations and single runs alike. The log holds the episode returns and lengths, the TD
+loss and learning rate (as a single run's: the first update, every hundredth of the run, the last); the run log's
+``engine`` attribute says ``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its
+``state_dict``). Probes (``--probe gradcov`` ...) run per member on its own network and replay buffer, into its log,
+as in a single run. The population checkpoints to ``OUT/populations/<key>.pkl`` (its members' folders listed in
+``<key>.members.json``) and ``--resume`` continues it exactly.
 
-As ``agents.train``, it holds every member folder's run lock (exit status 3 if another process writes into one) and
-stops with exit status 4 and a one-line reason when a log or checkpoint cannot be written (full disk).
+Every member folder is locked and written through :class:`agents.lifecycle.RunFolder`, as a single run's: exit
+status 3 if another process writes into one, 4 with a one-line reason when a log or checkpoint cannot be written.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
-import itertools
 import json
-import os
 import pickle
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -37,27 +32,23 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from agents.allocator import retain_freed_memory
 from agents.commands import get_command
-from agents.errors import EXIT_IO, ConfigError, RunWriteError, exit_status
-from agents.inputs import int_list, parse_seeds
-from agents.runfolder import OUTPUT_KEYS, holds_config, write_run_file
-from agents.rl.checkpoint import CheckpointWriteError, write_atomic
+from agents.errors import ConfigError, RunWriteError
+from agents.lifecycle import FINISHED, RunFolder, open_runs
+from agents.runfolder import OUTPUT_KEYS
+from agents.rl.checkpoint import CHECKPOINT, REPLAY_DIR, CheckpointWriteError, write_atomic
 from agents.rl.config import probe_arguments, resolve
-from agents.runlock import run_lock
 from agents.signals import STOP_SIGNALS, handling
 from probes import ProbeContext, ProbeRunner, make_probe
 from runlog import RunLogWriteError
 from probes.sb3 import SCALARS
 
-from . import MEMBER_KEYS, members_file, record_members, restarted_since
-from .engine import Member, Population, member_q_net
+from . import MEMBER_KEYS, checkpointed_groups, members_file, record_members, restarted_since
+from .engine import Member, Population, config_refusal, member_q_net
 
-__all__ = ["member_configs", "member_dirs", "train_population", "main"]
-
-PROG = "python -m agents.population.run"
+__all__ = ["member_configs", "member_dirs", "train_population", "run_population", "POPULATION"]
 
 
 def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list[dict[str, Any]]:
@@ -131,42 +122,9 @@ def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
     return Path(out) / "populations" / f"{key}.pkl"
 
 
-#: what a member's finished run adds to its folder beside config.yaml and run.h5
-RESULT_FILES = ("summary.json", "q_net.pt")
-
-
-def _finished(dirs: Sequence[Path], configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
-    """The members' summaries if every one of them holds the summary of a population that ended (status "finished"
-    or "nan") with its config (``config.yaml``), else None. A population writes them only at its end, after a fresh
-    start or a resume removed them."""
-    summaries = []
-    for d, c in zip(dirs, configs):
-        if not holds_config(d, c):
-            return None
-        try:
-            summary = json.loads((d / "summary.json").read_text())
-        except (OSError, ValueError):
-            return None
-        if summary.get("status") not in ("finished", "nan"):
-            return None
-        summaries.append(summary)
-    return summaries
-
-
-def _clear(dirs: Sequence[Path], fresh: bool) -> None:
-    """Remove the members' results of an earlier attempt (resumed from the checkpoint: they are written again at
-    the end) and, on a fresh start, a single run's files left in the folders (``agents.train dqn``'s model,
-    checkpoint and replay), so that nothing in a folder is older than its run log."""
-    from agents.rl.run import RUN_FILES
-
-    for d in dirs:
-        for name in (*RESULT_FILES, *(RUN_FILES if fresh else ())):
-            if name == "run.h5":
-                continue  # (the member's log replaces or continues it)
-            if (d / name).is_dir():
-                shutil.rmtree(d / name)
-            else:
-                (d / name).unlink(missing_ok=True)
+#: what a member's run writes beside config.yaml, run.h5 and summary.json (the Q-network's weights), and what a
+#: single run of ``agents.train dqn`` may have left in the folder (removed on a fresh start)
+MEMBER_FILES = ("q_net.pt", "model.zip", CHECKPOINT, REPLAY_DIR)
 
 
 def member_dirs(configs: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
@@ -175,10 +133,11 @@ def member_dirs(configs: Sequence[Mapping[str, Any]], out: str | Path) -> list[P
     return [command.run_dir(c, Path(out)) for c in configs]
 
 
-def train_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
-                     implementation: str = "auto", device: str = "cpu", resume: bool = False,
+def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: str | Path,
+                     implementation: str = "auto", device: str = "cpu",
                      checkpoint_every: int | None = None) -> list[dict[str, Any]]:
-    """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them); their summaries.
+    """Train ``members`` into their ``runs`` (:func:`member_configs` and :func:`member_dirs`, opened with
+    :func:`agents.lifecycle.open_runs`: locked, ``resume`` set on all or none); their summaries.
 
     Every ``checkpoint_every`` steps (default: the config's ``checkpoint_every``, else a tenth of the run; 0: never)
     the whole population (networks, optimiser states, buffers, envs, generators, episodes) and its logs' record
@@ -191,15 +150,15 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     every member's ``summary.json`` written) returns those summaries and trains nothing. A failed write (full disk)
     of a checkpoint or a log stops the population: the members' logs end with ``run_end`` "write_error" where the
     disk still takes it, the last good checkpoint stays resumable, and the error (:class:`CheckpointWriteError`,
-    :class:`runlog.RunLogWriteError`) propagates. The caller holds the members' run locks
-    (:func:`member_dirs`). Sets the process's allocator for training (:func:`agents.allocator.retain_freed_memory`)."""
+    :class:`runlog.RunLogWriteError`) propagates. Sets the process's allocator for training
+    (:func:`agents.allocator.retain_freed_memory`)."""
     retain_freed_memory()
-    configs = member_configs(values, members)
+    configs, resume = [run.config for run in runs], runs[0].resume
     shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
     for c in configs[1:]:
         if {k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} != shared:
             raise ConfigError(f"population members may differ in {', '.join(MEMBER_KEYS)} only")
-    dirs = member_dirs(configs, out)
+    dirs = [run.path for run in runs]
     steps = configs[0]["n_timesteps"]
     if checkpoint_every is None:  # the config's (a grid's or --set's), as a single run's
         checkpoint_every = configs[0].get("checkpoint_every")
@@ -210,7 +169,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
     if not resume:
         path.unlink(missing_ok=True)  # a fresh start: an older checkpoint must not be resumed against its logs later
         members_file(path).unlink(missing_ok=True)
-    elif not path.exists() and (done := _finished(dirs, configs)) is not None:
+    elif not path.exists() and None not in (done := [run.finished(FINISHED) for run in runs]):
         print(f"{path.parent}: the population of {len(members)} finished already ({steps} steps); nothing to resume",
               file=sys.stderr)
         return done
@@ -231,8 +190,15 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                               "delete it to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
               file=sys.stderr)
-    _clear(dirs, fresh=state is None)
-    pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
+    for run in runs:  # a fresh population clears each folder (its log is replaced below); a resumed one writes its
+        if state is None:  # members' ends again
+            run.clear(MEMBER_FILES)
+        else:
+            run.continue_run(final=("q_net.pt",))
+    try:
+        pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
+    except ValueError as err:  # (an env or setting the engine does not take)
+        raise ConfigError(str(err)) from None
     seen = state["seen"] if state else [0] * len(members)
     logs = []
     try:
@@ -242,7 +208,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                                   extra_attrs={"engine": f"population:{pop.implementation}",
                                                "population_size": len(members)}))
             if state is None:  # (after its log: a start killed in between leaves no config.yaml beside another's log)
-                write_run_file(d / "config.yaml", yaml.safe_dump(c, sort_keys=False))
+                runs[m].write_config()
         # for the grid runner and later resumes: which runs, and which of their logs, this checkpoint holds
         record_members(path, dirs, Path(out), [log.runner.log.log_id for log in logs])
     except BaseException:  # (the logs opened so far: their files and locks are not left to the process's end)
@@ -284,10 +250,10 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
             print(f"{path}: stopped by signal {stop[0]} at step {pop.num_timesteps} of {steps}, checkpointed; "
                   "--resume continues", file=sys.stderr)
             raise SystemExit(128 + stop[0])
-        for m, d in enumerate(dirs):  # the weights on disk before the logs say how the runs ended
+        for m, run in enumerate(runs):  # the weights on disk before the logs say how the runs ended
             # (cloned: a member's tensors are views of the population's, whose whole storage torch.save would write)
             state = {k: v.cpu().clone() for k, v in pop.member_state(m).items()}
-            write_run_file(d / "q_net.pt", lambda f, state=state: torch.save(state, f))
+            run.write("q_net.pt", lambda f, state=state: torch.save(state, f))
         for log in ongoing:
             log.runner.log.end(steps, "finished")
     except (RunLogWriteError, RunWriteError):
@@ -301,7 +267,7 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
             log.close()
     wall = time.perf_counter() - start
     summaries = []
-    for m, (c, d) in enumerate(zip(configs, dirs)):
+    for m, (run, d) in enumerate(zip(runs, dirs)):
         end = int(pop.diverged[m]) or steps
         returns = [r for step, r, _ in pop.episodes[m] if step <= end]
         k = max(1, int(np.ceil(0.1 * len(returns)))) if returns else 0
@@ -309,78 +275,50 @@ def train_population(values: Mapping[str, Any], members: Sequence[Member], out: 
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
-        write_run_file(d / "summary.json", json.dumps(summary, indent=1))  # last: the folder's "finished"
-        summaries.append(summary)
+        summaries.append(run.finish(summary))
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     members_file(path).unlink(missing_ok=True)
     return summaries
 
 
-def _numbers(text: str, kind: type, flag: str) -> list[Any]:
-    """A flag's comma-separated numbers; ConfigError naming the flag and the bad item."""
-    try:
-        return [kind(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"{flag} takes comma-separated {kind.__name__}s, got {text!r}") from None
+def run_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
+                   implementation: str = "auto", device: str = "cpu", resume: bool = False,
+                   checkpoint_every: int | None = None) -> list[dict[str, Any]]:
+    """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them) into their run folders
+    under ``out``, each locked meanwhile (:class:`agents.errors.RunFolderBusy` if another process writes into one);
+    their summaries (:func:`train_population`)."""
+    configs = member_configs(values, members)
+    with open_runs(member_dirs(configs, out), configs, resume=resume) as runs:
+        return train_population(runs, members, out, implementation, device, checkpoint_every)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="MountainCar-v0")
-    parser.add_argument("--act", default="elephant")
-    parser.add_argument("--seeds", default="0", help="e.g. 0-4 or 0,2,5")
-    parser.add_argument("--lrs", default=None, help="comma-separated learning rates (default: the env's)")
-    parser.add_argument("--buffers", default=None, help="comma-separated buffer sizes (default: the env's)")
-    parser.add_argument("--final-eps", default=None,
-                        help="comma-separated final epsilons of the members' schedules (default: the env's)")
-    parser.add_argument("--eps-steps", default=None,
-                        help="comma-separated env steps of epsilon's decay after learning_starts (default: the env's)")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--implementation", default="auto")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                        help="env steps between population checkpoints (default: a tenth of the run; 0: none)")
-    parser.add_argument("--resume", action="store_true", help="continue from the population's checkpoint")
-    parser.add_argument("--out", required=True, type=Path)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    values: dict[str, Any] = {"env": args.env, "act": args.act, **({"n_timesteps": args.steps} if args.steps else {})}
-    if args.set:
-        values["set"] = args.set
-    try:
-        base = resolve("dqn", values)
-        lrs = _numbers(args.lrs, float, "--lrs") if args.lrs else [base["learning_rate"]]
-        buffers = _numbers(args.buffers, int, "--buffers") if args.buffers else [base["buffer_size"]]
-        finals = _numbers(args.final_eps, float, "--final-eps") if args.final_eps else [None]
-        decays = _numbers(args.eps_steps, int, "--eps-steps") if args.eps_steps else [None]
-        members = [Member(s, lr, b, exploration_final_eps=f, exploration_steps=n)
-                   for s, lr, b, f, n in itertools.product(parse_seeds(int_list(args.seeds, "--seeds")), lrs, buffers, finals,
-                                                                 decays)]
-        with contextlib.ExitStack() as locks:  # one writer per run folder, as agents.train
-            for d in member_dirs(member_configs(values, members), args.out):
-                d.mkdir(parents=True, exist_ok=True)
-                locks.enter_context(run_lock(d))
-            summaries = train_population(values, members, args.out, args.implementation, args.device, args.resume,
-                                         args.checkpoint_every)
-    except Exception as err:  # noqa: BLE001 - the errors a run ends with: one line and their status; others raise
-        status = exit_status(err) or (2 if isinstance(err, ValueError) else None)
-        if status is None:
-            raise
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        if isinstance(err, RunLogWriteError):  # as agents.train: HDF5 objects of a failed log can crash the exit
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_IO)
-        return status
-    for s in summaries:
-        print(f"{s['run_dir']}: final return {s['final_return']}")
-    print(f"{len(members)} members, {summaries[0]['population_steps_per_second']:,.0f} env steps/s in all",
-          file=sys.stderr)
-    return 0
+class DQNPopulation:
+    """The population engine as ``agents.train dqn``'s :class:`agents.commands.Population`: runs whose configs differ
+    only in :data:`MEMBER_KEYS` train together (``--seeds``, grids with ``engine: population``)."""
+
+    member_keys = MEMBER_KEYS
+
+    def refusal(self, configs: Sequence[Mapping[str, Any]]) -> str | None:
+        shared = [{k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} for c in configs]
+        if any(s != shared[0] for s in shared[1:]):
+            return f"population members may differ in {', '.join(MEMBER_KEYS)} only"
+        return config_refusal(configs[0], _device(configs[0]))
+
+    def train(self, runs: Sequence[RunFolder], out: Path) -> list[dict[str, Any]]:
+        threads = runs[0].config.get("torch_threads")
+        torch.set_num_threads(1 if threads is None else int(threads))  # (small networks: one thread is fastest)
+        members = [Member(*(run.config[k] for k in MEMBER_KEYS)) for run in runs]
+        return train_population(runs, members, out, device=_device(runs[0].config))
+
+    def checkpointed(self, out: Path) -> list[list[Path]]:
+        return checkpointed_groups(out)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _device(config: Mapping[str, Any]) -> str:
+    """The config's device (``auto``: CUDA where there is one)."""
+    device = config.get("device", "cpu")
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+#: ``agents.train dqn``'s population engine (:attr:`agents.rl.algos.RLAlgo.population`)
+POPULATION = DQNPopulation()

@@ -7,8 +7,8 @@ being trained and the probe adapter that builds its per-sample losses. Its per-e
 ``agents/hyperparams/<name>.yml``.
 
 Rainbow (:mod:`agents.rl.rainbow`) is our own algorithm on SB3's off-policy loop, declared here like the others so
-that it shares the run folder, log, signals, divergence handling and resume. Algorithms with loops of their own (the
-population engine, class-incremental learners) are declared with :class:`agents.algorithm.Algorithm` instead.
+that it shares the run folder, log, signals, divergence handling and resume. DQN names its population engine
+(:mod:`agents.population`), which trains many of its runs together.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ class RLAlgo:
     network: ``(config, policy_kwargs) -> policy_kwargs`` where the algorithm builds its network differently from
         the default (hidden MLPs per role; for images a features extractor holding the activation layer).
     check: ``config -> message or None``: settings that do not go together (checked at resolution).
+    population: ``"module:name"`` of the engine that trains several runs of it together in one process (the
+        :class:`agents.commands.Population` protocol; ``--seeds`` and grids with ``engine: population`` use it),
+        or None.
     """
 
     name: str
@@ -71,6 +74,7 @@ class RLAlgo:
     required: tuple[str, ...] = ()
     network: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]] | None = None
     check: Callable[[Mapping[str, Any]], str | None] | None = None
+    population: str | None = None
 
 
 DQN = RLAlgo(
@@ -85,6 +89,7 @@ DQN = RLAlgo(
     roles={"q": lambda f, n: (f, n)},
     online=lambda model: [model.q_net],
     probe_context=dqn_context,
+    population="agents.population.run:POPULATION",
 )
 
 RAINBOW_KEYS = ("noisy", "noisy_std", "distributional", "n_atoms", "v_min", "v_max", "dueling", "double_q",

@@ -4,11 +4,13 @@ declaration in :mod:`agents.rl.algos`."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agents.commands import probe_list
+from agents.lifecycle import RunFolder
 from interference.activation_spec import ActArg, activation_names, activation_spec
 
 from .algos import ALGOS
@@ -79,6 +81,11 @@ class RLCommand:
                            help="replay buffer size in transitions (paper's classic study: 32 ... 10000)")
         g.add_argument("--batch-size", dest="batch_size", type=_int, default=S, metavar="N", help="minibatch size")
         g.add_argument("--seed", type=_int, default=S, metavar="N", help="random seed (default: 0)")
+        g.add_argument("--seeds", dest="seed_list", default=S, metavar="SEEDS",
+                       help="several runs, one per seed (e.g. 0-31 or 0,2,5), each in its own run folder"
+                            + (": trained together as one population (one process) where the population engine "
+                               "takes the env and settings, else one after another" if spec.population else
+                               ", one after another"))
         g.add_argument("--device", default=S, metavar="DEV",
                        help="cpu, cuda, cuda:N or auto (default: cpu; small MLPs are fastest on CPU)")
         g.add_argument("--threads", type=_int, default=S, metavar="N",
@@ -141,10 +148,19 @@ class RLCommand:
 
     resumable = True
 
-    def run(self, config: Mapping[str, Any], run_dir: Path, resume: bool = False) -> dict[str, Any]:
-        from .run import train
+    @property
+    def population(self) -> Any:
+        """The algorithm's population engine (:class:`agents.commands.Population`), or None."""
+        where = ALGOS[self.name].population
+        if where is None:
+            return None
+        module, _, name = where.partition(":")
+        return getattr(importlib.import_module(module), name)
 
-        return train(config, run_dir, resume=resume)
+    def train(self, run: RunFolder) -> dict[str, Any]:
+        from .run import train_run
+
+        return train_run(run)
 
 
 COMMANDS: dict[str, RLCommand] = {algo: RLCommand(algo) for algo in ALGOS}

@@ -3,22 +3,19 @@
 A run directory holds ``config.yaml`` (the resolved config, written first), ``run.h5`` (the
 :class:`probes.sb3.ProbeCallback` log: probes, episode returns and lengths, losses; always written),
 ``model.zip`` (``model.save``; load with the algorithm's class, ``agents.rl.algos.ALGOS[name].model.load``),
-``summary.json`` and, until the run finishes, ``checkpoint.pkl`` (:mod:`agents.rl.checkpoint`; with a frame buffer
-also ``replay/``, its frames in chunks).
+``summary.json``, ``DONE.json`` (:mod:`agents.lifecycle`) and, until the run finishes, ``checkpoint.pkl``
+(:mod:`agents.rl.checkpoint`; with a frame buffer also ``replay/``, its frames in chunks).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.logger import Logger, configure
@@ -27,7 +24,8 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from agents.allocator import retain_freed_memory
 from agents.errors import RunWriteError
-from agents.runfolder import OUTPUT_KEYS, holds_config, write_run_file
+from agents.lifecycle import RunFolder, open_runs
+from agents.runfolder import OUTPUT_KEYS
 from interference.nets import count_parameters
 from probes import make_probe
 from runlog import RunLogWriteError
@@ -44,9 +42,8 @@ from .evaluation import EvalCallback
 from .policies import ActMinAtarCNN, ActNatureCNN
 from .settings import OPTIMIZERS
 
-__all__ = ["build_env", "build_model", "online_parameters", "train", "checkpoint_every", "RUN_FILES"]
-
-RUN_FILES = ("run.h5", "model.zip", "summary.json", CHECKPOINT, REPLAY_DIR)
+__all__ = ["build_env", "build_model", "online_parameters", "train", "train_run", "checkpoint_every", "RUN_FILES",
+           "CHECKPOINT_FILES"]
 
 
 def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
@@ -132,66 +129,36 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _plain(value: Any) -> Any:
-    """JSON/YAML-safe copy (tuples -> lists)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+#: what a run writes beside config.yaml and summary.json (its checkpoint files apart: :data:`CHECKPOINT_FILES`)
+RUN_FILES = ("run.h5", "model.zip")
+#: the checkpoint and its replay chunks, removed once the run ended
+CHECKPOINT_FILES = (CHECKPOINT, REPLAY_DIR)
 
 
-def _start(config: Mapping[str, Any], run_dir: Path, resume: bool, before_load: Callable[[], None] | None = None
-           ) -> tuple[dict[str, Any] | None, dict | None]:
-    """Prepare ``run_dir``: ``(checkpoint to resume from or None, summary of a run already finished or None)``.
+def _start(run: RunFolder, before_load: Callable[[], None] | None = None) -> tuple[dict[str, Any] | None, dict | None]:
+    """Start ``run``: ``(checkpoint to resume from or None, summary of a run already finished or None)``.
 
-    Without ``resume`` the files of an earlier run are replaced; with it, a checkpoint is continued (the end of the
-    earlier attempt, its model and summary, is removed; ``before_load`` is called before it is read), a run finished
-    with this config (its ``config.yaml``) is left as it is, and a run without a checkpoint starts afresh.
+    Without ``run.resume`` the files of an earlier run are replaced; with it, a checkpoint is continued (the end of
+    the earlier attempt is removed; ``before_load`` is called before it is read), a run finished with this config is
+    left as it is, and a run without a checkpoint starts afresh.
     """
-    if resume:
-        summary = _read_summary(run_dir)
-        if summary is not None and summary.get("status") == "finished" and holds_config(run_dir, config):
-            print(f"{run_dir}: the run finished already ({summary['steps']} steps); nothing to resume", file=sys.stderr)
-            _remove_checkpoint(run_dir)
+    if run.resume:
+        summary = run.finished()
+        if summary is not None:
+            print(f"{run.path}: the run finished already ({summary['steps']} steps); nothing to resume",
+                  file=sys.stderr)
+            run.remove(*CHECKPOINT_FILES)
             return None, summary
-        if before_load is not None and (run_dir / CHECKPOINT).exists():
+        if before_load is not None and (run.path / CHECKPOINT).exists():
             before_load()
-        state = read_checkpoint(run_dir, config)
+        state = read_checkpoint(run.path, run.config)
         if state is not None:
-            for name in ("model.zip", "summary.json"):
-                (run_dir / name).unlink(missing_ok=True)
-            print(f"{run_dir}: resuming at step {state['step']} from {CHECKPOINT}", file=sys.stderr)
+            run.continue_run(final=("model.zip",))
+            print(f"{run.path}: resuming at step {state['step']} from {CHECKPOINT}", file=sys.stderr)
             return state, None
-        print(f"{run_dir}: no checkpoint to resume from; starting at step 0", file=sys.stderr)
-    stale = [name for name in RUN_FILES if (run_dir / name).exists()]
-    if stale:
-        hint = " (--resume continues it from its checkpoint)" if (run_dir / CHECKPOINT).exists() and not resume else ""
-        print(f"{run_dir}: replacing the files of an earlier run ({', '.join(stale)}){hint}", file=sys.stderr)
-        for name in stale:
-            _remove(run_dir / name)
-    write_run_file(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        print(f"{run.path}: no checkpoint to resume from; starting at step 0", file=sys.stderr)
+    run.start(RUN_FILES, checkpoint=CHECKPOINT_FILES)
     return None, None
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _remove_checkpoint(run_dir: Path) -> None:
-    """Delete the checkpoint and its replay chunks (the run is complete)."""
-    _remove(run_dir / CHECKPOINT)
-    _remove(run_dir / REPLAY_DIR)
-
-
-def _read_summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def checkpoint_every(config: Mapping[str, Any]) -> int:
@@ -249,7 +216,14 @@ def _summary(status: str, model: BaseAlgorithm, algo: str, run_cb: RunCallback, 
 
 
 def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train the agent of ``config`` into ``run_dir``; returns the run's summary.
+    """Train the agent of ``config`` into ``run_dir`` (locked meanwhile: :func:`agents.lifecycle.open_runs`); returns
+    the run's summary (:func:`train_run`)."""
+    with open_runs([Path(run_dir)], [config], resume=resume) as [run]:
+        return train_run(run)
+
+
+def train_run(run: RunFolder) -> dict[str, Any]:
+    """Train the agent of ``run.config`` into the run's folder; returns the run's summary.
 
     Ctrl-C (or SIGTERM) stops at the next rollout start with a checkpoint (without checkpoints: after the current
     step), saves the model and the log, then exits with status 130 (143). A non-finite loss stops the run with a
@@ -258,9 +232,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
     (:func:`agents.allocator.retain_freed_memory`).
     """
     retain_freed_memory()
-    config = _plain(config)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    config, run_dir = run.config, run.path
     planned: list[tuple[int, int]] = []  # a resumed run's (replay, peak), checked before its checkpoint is read
 
     def check_resumed_memory() -> None:
@@ -271,7 +243,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
             finally:
                 probe_env.close()
 
-    state, finished = _start(config, run_dir, resume, before_load=check_resumed_memory)
+    state, finished = _start(run, before_load=check_resumed_memory)
     if finished is not None:
         return finished
 
@@ -354,7 +326,7 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
                 if not _diverged(model, config["algo"], run_cb, err):
                     raise
                 run_cb.on_training_end()  # SB3 skipped it: the wall time and the bar
-            write_run_file(run_dir / "model.zip", model.save)  # on disk before the log says how the run ended
+            run.write("model.zip", model.save)  # on disk before the log says how the run ended
             ended = True
         except (RunLogWriteError, RunWriteError):
             ended = "write_error"
@@ -371,9 +343,9 @@ def train(config: Mapping[str, Any], run_dir: str | Path, resume: bool = False) 
         status = run_cb.stop_reason or "finished"
         summary = _summary(status, model, config["algo"], run_cb, run_dir, callbacks[-1] if every else None,
                            next((cb for cb in callbacks if isinstance(cb, EvalCallback)), None))
-        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=1))  # last: the folder's "finished"
-        if status in ("finished", "nan"):  # the run ended (a resumed diverged run would diverge again)
-            _remove_checkpoint(run_dir)  # model.zip and the log hold it
+        # (a run that ended, finished or diverged, drops its checkpoint: model.zip and the log hold it, and a resumed
+        # diverged run would diverge again)
+        run.finish(summary, checkpoint=CHECKPOINT_FILES)
     if status == "interrupted":
         where = (f"; continue it with --resume (checkpoint at step {callbacks[-1].last_step})"
                  if every and callbacks[-1].last_step is not None else "")

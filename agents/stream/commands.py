@@ -12,7 +12,6 @@ parameters).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from runlog import END, Field, RunLog
 from ..commands import add_activation_flags, probe_list
 from ..errors import ConfigError
 from ..inputs import parse_seeds
-from ..runfolder import write_run_file
+from ..lifecycle import RunFolder
 from .edit import EditConfig, edit
 from .learner import Ensemble, StreamConfig, build_net, train_stream
 
@@ -153,8 +152,10 @@ class StreamSin:
             method += f"-srnn-l{config['srnn_lambda']:g}-b{config['srnn_beta']:g}"
         return Path(out) / self.name / method / f"lr{config['lr']:g}"
 
-    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    def train(self, run: RunFolder) -> dict[str, Any]:
+        config, run_dir = run.config, run.path
         cfg = _stream_config(config)
+        run.start()
         runners = [stream_probes(cfg, seed, config["probe"], config["probe_at"], run_dir / f"seed{seed}" / "run.h5")
                    for seed in cfg.seeds]
         x_seen, y_seen = [], []
@@ -176,10 +177,8 @@ class StreamSin:
         finally:
             for runner, _ in runners:
                 runner.close()
-        summary = {"final_mse": dict(zip(map(str, cfg.seeds), result.final_mse.tolist())),
-                   "mean_final_mse": float(result.final_mse.mean())}
-        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=1))
-        return summary
+        return run.finish({"final_mse": dict(zip(map(str, cfg.seeds), result.final_mse.tolist())),
+                           "mean_final_mse": float(result.final_mse.mean())})
 
 
 def _text(value: Any) -> str:
@@ -265,8 +264,10 @@ class Edit:
     def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
         return Path(out) / self.name / config["act"]
 
-    def run(self, config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    def train(self, run: RunFolder) -> dict[str, Any]:
+        config, run_dir = run.config, run.path
         cfg = _stream_config(config)
+        run.start()
         edit_keys = {f.name for f in fields(EditConfig)} - {"stream"}
         result = edit(EditConfig(cfg, **{k: config[k] for k in edit_keys}),
                       say=lambda line: print(f"edit {config['act']}: {line}", file=sys.stderr, flush=True))
@@ -279,9 +280,9 @@ class Edit:
                         seed=seed, probes=schema, overwrite=True) as log:
                 log.append("edit", 0, x=result.x, before=result.before[i], after=result.after[i],
                            far_change=result.far_change[i], steps=result.steps[i], pretrain_mse=result.pretrain_mse[i])
-        return {"far_change": dict(zip(map(str, cfg.seeds), result.far_change.tolist())),
-                "mean_far_change": float(result.far_change.mean()),
-                "edit_steps": result.steps.tolist(), "pretrain_mse": result.pretrain_mse.tolist()}
+        return run.finish({"far_change": dict(zip(map(str, cfg.seeds), result.far_change.tolist())),
+                           "mean_far_change": float(result.far_change.mean()),
+                           "edit_steps": result.steps.tolist(), "pretrain_mse": result.pretrain_mse.tolist()})
 
 
 COMMANDS = {"stream-sin": StreamSin(), "edit": Edit()}

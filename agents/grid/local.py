@@ -1,0 +1,56 @@
+"""The local backend: a process pool of spawned workers, one task each at a time."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from multiprocessing import get_context
+
+from ..signals import STOP_SIGNALS
+from .drive import Outcome, _drive, _outcomes, _Stop
+from .planning import Task, _runs
+from .worker import _init_worker, run_task
+
+
+#: a run's outcome when a worker of the pool died (killed, out of memory): the pool then stops the runs in its other
+#: workers too (SIGTERM: they stop cleanly, checkpointed), and which of them died it does not say
+POOL_BROKEN = ("a worker of the pool died (killed, or out of memory), and the pool stopped the runs in its other "
+               "workers with it; --resume continues each from its last checkpoint")
+
+
+def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
+    stop.event = get_context("spawn").Event()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                             initializer=_init_worker, initargs=(os.getpid(), stop.event)) as pool:
+        def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            outcomes = []
+            for f in done:
+                task = running.pop(f)
+                if isinstance(f.exception(), BrokenProcessPool):  # the pool takes no more runs
+                    stop.broken = True
+                    outcomes += [Outcome(run, "failed", POOL_BROKEN) for run in _runs(task)]
+                else:
+                    outcomes += _outcomes(task, f.result)
+            return outcomes
+
+        def start(task: Task) -> Future:
+            with _spawning():
+                return pool.submit(run_task, task)
+
+        _drive(work, workers, start, wait_some, stop, record)
+
+
+@contextmanager
+def _spawning() -> Iterator[None]:
+    """Stop signals blocked in this thread while it may spawn pool workers, which inherit the mask and unblock in
+    :func:`_init_worker` once they ignore them (a signal meanwhile stays pending here and arrives after)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

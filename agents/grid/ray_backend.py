@@ -1,0 +1,147 @@
+"""The Ray backend: the tasks on a Ray cluster, one CPU each and never retried."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from ..errors import ConfigError
+from ..runlock import LOCK_NAME
+from ..signals import STOP_SIGNALS, handling
+from .drive import Outcome, _drive, _outcomes, _Stop
+from .planning import PopulationTask, Task, _runs
+from .worker import _NotStarted, run_task
+
+
+def _ray_task(task: Task) -> tuple[str, Any]:
+    """:func:`run_task` as a Ray task: ``("done", result)``, or ``("exit", status)`` for SystemExit (a run stopped
+    by a signal; ``ray.cancel`` sends SIGINT), which must not leave the worker (Ray would report it crashed)."""
+    try:
+        return "done", run_task(task)
+    except SystemExit as err:
+        return "exit", err.code
+    except KeyboardInterrupt:
+        return "exit", 128 + signal.SIGINT
+
+
+class WorkerLost(RuntimeError):
+    """The Ray worker (or node) running a task died: killed, out of memory, or its node lost."""
+
+    __module__ = "agents.grid"  # its public name, which a run's failure reason shows (agents.grid.WorkerLost: ...)
+
+
+def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Callable[[Outcome], None],
+             began: float) -> None:
+    """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), ``workers`` at a time
+    (default: as many as it has CPUs), one CPU each and never retried. A stop signal cancels the running tasks
+    (SIGINT in their workers: they stop as on Ctrl-C); a cancelled task that took no run lock since ``began`` (the
+    grid's start) never began."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("the ray backend needs Ray: pip install -e '.[ray]'") from None
+    cuda = [t for t in work for r in (t.runs if isinstance(t, PopulationTask) else (t,))
+            if str(r.config.get("device", "cpu")).startswith("cuda")]
+    if cuda:  # its tasks ask for CPUs only, and Ray hides the GPUs from such tasks
+        raise ConfigError(f"the ray backend runs tasks on CPUs; {len(cuda)} of this grid's runs ask for device "
+                          "cuda: run them with --backend local, or set device: cpu")
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    address = os.environ.get("RAY_ADDRESS") or None
+    owned = not ray.is_initialized()
+    if owned:
+        if address:
+            _check_reachable(address)
+        try:
+            if address:
+                ray.init(address=address, logging_level=logging.WARNING)
+            else:
+                ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        except ConnectionError as err:
+            token = "InvalidAuthToken" in "".join(traceback.format_exception(err))
+            hint = "; the cluster uses token authentication: set RAY_AUTH_MODE=token, with its token in " \
+                   "~/.ray/auth_token or RAY_AUTH_TOKEN" if token else ""
+            raise ConfigError(f"cannot connect to the Ray cluster at RAY_ADDRESS={address}: {err}{hint}") from None
+    try:
+        with handling(STOP_SIGNALS, stop.on_signal):  # again: ray.init sets its own SIGTERM handler
+            cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            slots = workers or cpus
+            started = " (started here)" if owned and not address else ""
+            limit = f", {slots} task{'s' * (slots > 1)} at a time (--workers)" if workers else ""
+            tqdm.write(f"ray: the cluster at {ray.get_runtime_context().gcs_address}{started}, {cpus} CPUs{limit}",
+                       file=sys.stderr)
+            # max_calls=1: a fresh worker process per task. A task cancelled in the middle of an import (ray.cancel
+            # raises KeyboardInterrupt wherever the task is) leaves half-initialised modules in its process, and a
+            # reused worker would fail every later task there (e.g. torch's lazy import of sympy).
+            remote = ray.remote(num_cpus=1, max_retries=0, max_calls=1)(_ray_task)
+            cancelled: set[Hashable] = set()
+            def ended(ref: Hashable, task: Task) -> list[Outcome]:
+                return _outcomes(task, lambda: _ray_result(ref, lambda: _locked_since(task, began)))
+
+            def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
+                while True:
+                    if stop.signum is not None:
+                        # the latest first: those still waiting for a CPU, which a cancelled task's CPU would start
+                        for ref in [r for r in reversed(running) if r not in cancelled]:
+                            ray.cancel(ref)
+                            cancelled.add(ref)
+                    done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+                    if done:
+                        return [o for ref in done for o in ended(ref, running.pop(ref))]
+
+            _drive(work, slots, remote.remote, wait_some, stop, record)
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """ConfigError unless ``address`` (HOST:PORT; other forms are left to Ray) takes a TCP connection: Ray itself
+    retries an unreachable address for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(f"cannot reach the Ray cluster at RAY_ADDRESS={address} ({err.strerror or err}); start it "
+                          "with ray start --head, or unset RAY_ADDRESS for a local cluster") from None
+
+
+def _locked_since(task: Task, t: float) -> bool:
+    """Whether a worker took one of ``task``'s run locks since ``t`` (the task began: it writes the lock first)."""
+    for run in _runs(task):
+        try:
+            if (run.run_dir / LOCK_NAME).stat().st_mtime >= t:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _ray_result(ref: Any, started: Callable[[], bool]) -> Any:
+    """A Ray task's result, or what it raised: the task's own exception; SystemExit for a run a signal stopped;
+    for a cancelled task (Ray does not say whether it had started), KeyboardInterrupt if ``started()``, else
+    :class:`_NotStarted`; :class:`WorkerLost` when its worker or node died."""
+    import ray
+    from ray.exceptions import RayError, RayTaskError, TaskCancelledError
+
+    try:
+        kind, value = ray.get(ref)
+    except RayTaskError as err:
+        raise (err.cause if isinstance(err.cause, BaseException) else err) from None
+    except TaskCancelledError:
+        raise (KeyboardInterrupt if started() else _NotStarted) from None
+    except RayError as err:
+        raise WorkerLost(f"the Ray worker running it died ({type(err).__name__}: {' '.join(str(err).split())}); "
+                         "re-run the grid with --resume to continue it from its last checkpoint") from None
+    if kind == "exit":
+        raise SystemExit(value)
+    return value

@@ -1,0 +1,151 @@
+"""The members' networks, stacked on a leading member axis: the Q-network a member starts from
+(:func:`member_q_net`), the ways one call runs every member's network (:data:`IMPLEMENTATIONS`; batched ops for
+the MLPs :func:`_batched_forward` knows), the members' TD losses and the RMSprop step on the stacked parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from stable_baselines3.common.utils import set_random_seed
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from agents.rl.algos import ALGOS
+from agents.rl.envs import env_spaces
+from interference import FTA, LWTA, Elephant, Maxout, elephant
+
+#: how the members' networks run, fastest first: "compiled" (the batched network, TD loss and RMSprop step through
+#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a compile per population
+#: and process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager),
+#: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
+#: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
+#: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
+#: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "batched"
+#: for networks with a layer of :data:`EAGER_FASTER`; "vmap" for networks the batched path does not know). The
+#: implementations agree to float rounding, which RL amplifies over a run: under "auto" a member's exact numbers
+#: depend on how many members share its population (in a grid, on ``population_size`` and what is left to run);
+#: name one (``implementation=`` of :func:`agents.population.run.run_population`) where runs must repeat bit for bit
+#: across groupings
+IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
+#: members x env steps from which "auto" compiles
+COMPILE_FROM = 500_000
+#: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for LWTA's group max (amax and its
+#: backward) is slower than eager's
+EAGER_FASTER = (LWTA,)
+#: Linear layers with at most this many outputs run under "compiled" as one product-sum per output, unless they
+#: follow a layer of :data:`MATMUL_AFTER`: Inductor fuses the sums into one loop that computes the layer before once
+NARROW = 16
+#: under "compiled", a Maxout layer after a Linear layer of at most this many inputs takes its input slab by slab
+#: (:func:`_slab_linear`)
+SLAB_INPUTS = 64
+#: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
+#: is slower than the matmul
+MATMUL_AFTER = (LWTA, FTA)
+
+
+def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
+    """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows (Linear, LayerNorm,
+    ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
+    run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
+    form ``torch.compile`` fuses best (the Elephant formula in plain ops; a narrow Linear layer, such as the Q head,
+    as one product-sum over its inputs per output, which Inductor fuses with the activation before it, where a
+    matmul of a few columns is a slow call); else eager kernels (baddbmm, the fused Elephant function)."""
+    if not isinstance(base, nn.Sequential):
+        return None
+    steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
+    previous: nn.Module | None = None
+    previous_name = ""
+    for name, mod in base.named_children():
+        fuse = compiled and type(previous) not in MATMUL_AFTER
+        if compiled and type(mod) is Maxout and _slab_linear_ok(previous) and previous.out_features % mod.k == 0:
+            # the Linear before it computes its units slab by slab (unit j of every group first, j = 0..k-1), so
+            # that the group max is k - 1 elementwise maxima of contiguous slabs, which Inductor vectorises
+            steps[-1] = lambda p, x, n=previous_name, k=mod.k: _slab_linear(p[f"{n}.weight"], p[f"{n}.bias"], x, k)
+            steps.append(lambda p, x, k=mod.k: _slab_max(x, k))
+            previous, previous_name = mod, name
+            continue
+        previous, previous_name = mod, name
+        if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
+            steps.append(lambda p, x, n=name, out=mod.out_features: torch.stack(
+                [(x * p[f"{n}.weight"][:, None, o]).sum(-1) for o in range(out)], -1) + p[f"{n}.bias"][:, None, :])
+        elif type(mod) is nn.Linear and mod.bias is not None:
+            steps.append(lambda p, x, n=name: torch.baddbmm(p[f"{n}.bias"][:, None, :], x,
+                                                            p[f"{n}.weight"].transpose(1, 2)))
+        elif type(mod) is nn.LayerNorm and mod.elementwise_affine and mod.bias is not None and \
+                len(mod.normalized_shape) == 1:
+            steps.append(lambda p, x, n=name, eps=mod.eps: torch.addcmul(
+                p[f"{n}.bias"][:, None, :], F.layer_norm(x, x.shape[-1:], eps=eps), p[f"{n}.weight"][:, None, :]))
+        elif type(mod) is nn.ReLU:
+            steps.append(lambda p, x: torch.relu(x))
+        elif type(mod) in (Maxout, LWTA, FTA):  # no parameters, the last dimension only: the module itself
+            steps.append(lambda p, x, mod=mod: mod(x))
+        elif type(mod) is Elephant and mod.num_units is not None and mod.learnable:
+            steps.append(lambda p, x, n=name, d=mod.d, k="autograd" if compiled else "fused": elephant(
+                x, p[f"{n}.log_h"].exp()[:, None, :], p[f"{n}.log_a"].exp()[:, None, :], d, k))
+        else:
+            return None
+
+    def forward(params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        for step in steps:
+            x = step(params, x)
+        return x
+
+    return forward
+
+
+def _slab_linear_ok(mod: nn.Module | None) -> bool:
+    """Whether a Linear layer's weight is cheap to permute per call (a few inputs, as the first layer's): it costs
+    ``out x in`` copies per member against ``batch x out`` activations."""
+    return type(mod) is nn.Linear and mod.bias is not None and mod.in_features <= SLAB_INPUTS
+
+
+def _slab_linear(weight: Tensor, bias: Tensor, x: Tensor, k: int) -> Tensor:
+    """``x @ weight.T + bias`` ``(P, B, out)`` with its units reordered into ``k`` slabs: unit ``g * k + j`` (unit
+    ``j`` of group ``g``) at ``j * (out / k) + g``."""
+    P, out, inputs = weight.shape
+    w = weight.unflatten(1, (out // k, k)).transpose(1, 2).reshape(P, out, inputs)
+    b = bias.unflatten(1, (out // k, k)).transpose(1, 2).reshape(P, out)
+    return torch.baddbmm(b[:, None, :], x, w.transpose(1, 2))
+
+
+def _slab_max(x: Tensor, k: int) -> Tensor:
+    """Maxout of :func:`_slab_linear`'s output: the elementwise max of its ``k`` slabs ``(P, B, out / k)``."""
+    n = x.shape[-1] // k
+    m = x[..., :n]
+    for j in range(1, k):
+        m = torch.maximum(m, x[..., j * n:(j + 1) * n])
+    return m
+
+
+def _td_losses(q_values: Callable[[Mapping[str, Tensor], Tensor], Tensor], gamma: float, params: Mapping[str, Tensor],
+               target: Mapping[str, Tensor], obs: Tensor, act: Tensor, nxt: Tensor, rew: Tensor,
+               done: Tensor) -> Tensor:
+    """The members' MSE TD losses ``(P,)`` on their samples (``obs``, ``nxt`` ``(P, k, obs_dim)``; ``act``, ``rew``,
+    ``done`` ``(P, k)``), targets from the target networks without grad."""
+    with torch.no_grad():
+        next_q = q_values(target, nxt).max(-1).values
+        y = rew + (1 - done) * gamma * next_q
+    q = q_values(params, obs).gather(-1, act[..., None])[..., 0]
+    return ((q - y) ** 2).mean(-1)
+
+
+def _rmsprop(params: Sequence[Tensor], grads: Sequence[Tensor], square_avgs: Sequence[Tensor], lr: Tensor,
+             alpha: float, eps: float) -> None:
+    """torch's RMSprop step (no momentum, not centred) in place on stacked parameters, ``lr`` ``(P,)`` per member."""
+    for p, g, v in zip(params, grads, square_avgs):
+        v.mul_(alpha).addcmul_(g, g, value=1 - alpha)
+        p.add_(-lr.view(-1, *([1] * (p.dim() - 1))) * g / (v.sqrt() + eps))  # torch: addcdiv_(g, sqrt(v)+eps, -lr)
+
+
+
+def member_q_net(config: Mapping[str, Any], seed: int) -> nn.Module:
+    """The Q-network ``agents.train dqn`` builds for ``config`` with ``seed`` (same modules, same initial weights)."""
+    from agents.rl.run import policy_kwargs
+
+    obs, act = env_spaces(config["env"], max_episode_steps=config.get("max_episode_steps"),
+                          env_kwargs=config.get("env_kwargs") or {})
+    set_random_seed(seed)
+    policy = ALGOS["dqn"].policy(obs, act, lambda _: config["learning_rate"], **policy_kwargs(config))
+    return policy.q_net
