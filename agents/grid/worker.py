@@ -21,8 +21,9 @@ from ..signals import STOP_SIGNALS, handling
 from .planning import GridRun, PopulationTask, Task
 
 
-#: seconds an orphaned worker (its grid process died) gives its run to stop cleanly before it exits
-ORPHAN_GRACE_S = 10.0
+#: an orphaned worker (its grid process died) exits within this many seconds of its grid's death, its run stopped
+#: cleanly meanwhile where it can
+ORPHAN_EXIT_S = 10.0
 
 
 #: in a pool worker: the grid's "stopped" event (set on a stop signal), checked before each task starts
@@ -49,12 +50,13 @@ def _init_worker(parent: int, stopped: Any) -> None:
 
 def _watch_parent(parent: int, poll_s: float = 0.5) -> None:
     """When the grid process dies (even by SIGKILL) the worker is re-parented: it then sends itself SIGTERM (a
-    running run stops cleanly and saves, as on Ctrl-C) and exits after :data:`ORPHAN_GRACE_S` whatever happens, so
-    no worker outlives its grid for long or keeps writing into run folders a re-run uses."""
+    running run stops cleanly and saves, as on Ctrl-C) and exits whatever happens within :data:`ORPHAN_EXIT_S` of
+    the grid's death (which it notices within ``poll_s``), so no worker outlives its grid for long or keeps writing
+    into run folders a re-run uses."""
     while os.getppid() == parent:
         time.sleep(poll_s)
     os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(ORPHAN_GRACE_S)
+    time.sleep(ORPHAN_EXIT_S - poll_s - 0.5)  # (half a second left for the exit itself)
     os._exit(128 + signal.SIGTERM)
 
 
