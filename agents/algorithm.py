@@ -93,6 +93,9 @@ class Algorithm:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         S = argparse.SUPPRESS
         parser.add_argument("--config", default=S, metavar="FILE", help="YAML file of settings (a run's config.yaml)")
+        parser.add_argument("--seeds", dest="seed_list", default=S, metavar="SEEDS",
+                            help="several runs, one per seed (e.g. 0-4 or 0,2,5), each in its own run folder, one "
+                                 "after another")
         for name, f in self.fields.items():
             kind = self.types[name]
             default = f.default if f.default is not dataclasses.MISSING else None

@@ -87,6 +87,9 @@ def test_toy_algorithm_through_the_cli_the_grid_runner_and_a_report(tmp_path):
                str(tmp_path / "cli")).stdout
     assert json.loads(out)["final_loss"] < 1.0
     assert (tmp_path / "cli" / "toy" / "act=tanh" / "seed0" / "run.h5").exists()
+    several = _run("agents.train", "--import", "plugin_example", "toy", "--steps", "10", "--seeds", "1-2", "--out",
+                   str(tmp_path / "cli")).stdout
+    assert len(json.loads(several)) == 2 and (tmp_path / "cli" / "toy" / "act=tanh" / "seed2" / "DONE.json").exists()
     bad = _run("agents.train", "--import", "plugin_example", "toy", "--lr", "-1", "--out", str(tmp_path),
                status=2).stderr
     assert "lr must be > 0" in bad
