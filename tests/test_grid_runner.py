@@ -186,6 +186,16 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _is_worker(pid: int) -> bool:
+    """A pool worker the grid spawned (not its resource tracker, nor a command an import runs, e.g. h5py's
+    ``uname -p``)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "spawn_main" in cmdline and "resource_tracker" not in cmdline
+
+
 def _alive(pid: int) -> bool:
     """Running, as opposed to gone or a zombie waiting for a reaper."""
     try:
@@ -206,7 +216,7 @@ def test_workers_do_not_outlive_a_sigkilled_grid(tmp_path):
     dirs = _run_dirs(grid, out)
     proc = _grid(grid, out, "--workers", "2", start_new_session=True)
     _wait_for([d / "run.h5" for d in dirs[:2]], proc)
-    workers = [p for p in _children(proc.pid) if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_text()]
+    workers = [p for p in _children(proc.pid) if _is_worker(p)]
     assert workers
     proc.kill()
     deadline = time.time() + ORPHAN_EXIT_S
@@ -576,7 +586,7 @@ def test_ctrl_c_while_the_workers_start_up_is_no_traceback_and_no_failure(tmp_pa
     grid = _write(tmp_path / "grid.yml", DQN + "grids: [{act: [relu], steps: [1000000], seed: [0, 1, 2, 3]}]\n")
     proc = _grid(grid, tmp_path / "runs", "--workers", "2", start_new_session=True)
     deadline = time.time() + 60
-    while not [p for p in _children(proc.pid) if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_text()]:
+    while not [p for p in _children(proc.pid) if _is_worker(p)]:  # (not a short-lived child of an import)
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGINT)
