@@ -40,14 +40,28 @@ def read_unchecked(path: str | os.PathLike, *, swmr: bool = True) -> Run:
     """Read a run log in this process, also while its writer is still appending (SWMR read); no time bound
     (:func:`runlog.read_run` checks the file in a child process first).
 
-    Returns the complete records only: every field is truncated to ``len(step)``.
+    Returns the complete records only: every field is truncated to ``len(step)``. A read that fails while the file
+    changes (a live writer mid-write: a chunk being rewritten fails its checksum) is tried again, as an open is
+    (:func:`open_read`).
 
     Raises:
         FileNotFoundError: `path` does not exist.
         RunLogError: not an HDF5 file, corrupt or truncated, or not a run log.
     """
     path = os.fspath(path)
-    with open_read(path, swmr) as f:
+    for _ in range(_SETTLE_TRIES - 1):
+        before = _state(path)
+        try:
+            return _read_once(path, swmr)
+        except RunLogError:
+            time.sleep(_SETTLE_S)
+            if _state(path) == before:
+                raise
+    return _read_once(path, swmr)
+
+
+def _read_once(path: str, swmr: bool) -> Run:
+    with _open_read_once(path, swmr) as f:
         try:
             attrs = checked_attrs(f, path)
             probes = {}
