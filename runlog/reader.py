@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
@@ -49,15 +51,7 @@ def read_unchecked(path: str | os.PathLike, *, swmr: bool = True) -> Run:
         RunLogError: not an HDF5 file, corrupt or truncated, or not a run log.
     """
     path = os.fspath(path)
-    for _ in range(_SETTLE_TRIES - 1):
-        before = _state(path)
-        try:
-            return _read_once(path, swmr)
-        except RunLogError:
-            time.sleep(_SETTLE_S)
-            if _state(path) == before:
-                raise
-    return _read_once(path, swmr)
+    return _settled(path, lambda: _read_once(path, swmr))
 
 
 def _read_once(path: str, swmr: bool) -> Run:
@@ -110,15 +104,24 @@ def open_read(path: str, swmr: bool = True) -> h5py.File:
     """Open a run log read-only; RunLogError unless it is one. A plain read first (it verifies checksums at once);
     with ``swmr``, a file an SWMR writer has open or left open (killed) is then opened in SWMR mode. A failure
     while the file changes (a live writer mid-write) is retried for up to two seconds."""
+    return _settled(path, lambda: _open_read_once(path, swmr))
+
+
+T = TypeVar("T")
+
+
+def _settled(path: str, attempt: Callable[[], T]) -> T:
+    """``attempt()``, tried again while it fails with RunLogError and the file at ``path`` changes meanwhile (a live
+    writer), up to :data:`_SETTLE_TRIES` times; a failure on a file that does not change is raised at once."""
     for _ in range(_SETTLE_TRIES - 1):
         before = _state(path)
         try:
-            return _open_read_once(path, swmr)
+            return attempt()
         except RunLogError:
             time.sleep(_SETTLE_S)
             if _state(path) == before:
                 raise
-    return _open_read_once(path, swmr)
+    return attempt()
 
 
 def _state(path: str) -> tuple[int, int] | None:
