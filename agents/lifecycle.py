@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -129,8 +130,6 @@ class RunFolder:
 
     def remove(self, *names: str) -> None:
         """Remove files or folders of the run (those that exist)."""
-        import shutil
-
         for name in names:
             path = self.path / name
             if path.is_dir() and not path.is_symlink():
