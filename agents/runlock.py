@@ -65,8 +65,8 @@ def run_lock(folder: str | os.PathLike) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunFolderBusy(f"run folder {folder} is in use by {_describe(_read(fd))}; wait for that run or stop "
-                                "it (its lock goes with it)") from None
+            raise RunFolderBusy(f"run folder {folder} is in use by {_describe_holder(fd)}; wait for that run or "
+                                "stop it (its lock goes with it)") from None
         held = _read(fd)
         host = socket.gethostname()
         if held.get("host") not in (None, host) and not held.get("released") \
@@ -98,6 +98,22 @@ def run_lock(folder: str | os.PathLike) -> Iterator[None]:
                 _write(fd, {**info, "heartbeat": time.time(), "released": True})
     finally:
         os.close(fd)  # releases the flock
+
+
+#: how long a refused process waits for the holder's record: a holder that has just taken the lock writes it next
+HOLDER_WAIT_S = 2.0
+
+
+def _describe_holder(fd: int) -> str:
+    """The lock holder, once it has written its record (an empty or released record is the moment between)."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        info = _read(fd)
+        if info.get("pid") is not None and not info.get("released"):
+            return _describe(info)
+        if time.monotonic() > deadline:
+            return "another process (it has not written its pid yet)"
+        time.sleep(0.02)
 
 
 def _read(fd: int) -> dict:

@@ -113,6 +113,30 @@ def test_open_runs_refuses_a_folder_it_cannot_create_or_another_process_holds(tm
         assert other.returncode != 0 and "RunFolderBusy" in other.stderr
 
 
+@pytest.mark.parametrize("before", [b"", b'{"pid": 7, "host": "h", "heartbeat": 0, "released": true}'])
+def test_a_refusal_names_a_holder_that_has_locked_but_not_yet_written_its_record(tmp_path, monkeypatch, before):
+    import fcntl
+    import threading
+
+    from agents import runlock
+
+    fd = os.open(tmp_path / runlock.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, before)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the holder's lock, taken the moment before it writes who it is
+        threading.Timer(0.3, runlock._write, (fd, {"pid": 4242, "host": "h", "heartbeat": 0})).start()
+        with pytest.raises(RunFolderBusy, match="in use by pid 4242 on h"):
+            with runlock.run_lock(tmp_path):
+                pass
+        os.ftruncate(fd, 0)
+        monkeypatch.setattr(runlock, "HOLDER_WAIT_S", 0.1)
+        with pytest.raises(RunFolderBusy, match="in use by another process"):
+            with runlock.run_lock(tmp_path):
+                pass
+    finally:
+        os.close(fd)
+
+
 def test_execute_gives_the_learner_its_locked_run_and_reports_errors_in_one_line(tmp_path, capsys):
     seen = []
 
