@@ -52,7 +52,7 @@ DROPPED_SECTIONS = ("Learning curves",)
 DROPPED_COLUMNS = ("git commit",)
 #: settings `run` passes on to each command (the streaming runs take the stream's; the edit also its own)
 STREAM_KEYS = {f.name for f in fields(StreamConfig)} - {"act", "lr", "seeds"} | {"probe_at"}
-EDIT_KEYS = STREAM_KEYS - {"probe_at"} | {f.name for f in fields(EditConfig)} - {"stream"}
+EDIT_KEYS = STREAM_KEYS - {"probe_at"} | {f.name for f in fields(EditConfig)} - {"act", "lr", "seeds"}
 
 
 def zero_gradient_rows(runs: Sequence[Run], loss: str = "mse") -> dict[str, int]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from agents.classinc.commands import COMMANDS as CLASSINC
@@ -56,16 +57,24 @@ def test_stream_sin_takes_the_activations_own_flag(slope_activation, tmp_path: P
     assert run.config["slope"] == 0.5
 
 
-def test_stream_config_keys_of_the_activation(slope_activation) -> None:
-    cmd = STREAM["stream-sin"]
+@pytest.mark.parametrize("name", ["stream-sin", "edit", "class-inc"])
+def test_config_keys_of_the_activation(slope_activation, name, tmp_path) -> None:
+    """The same rules in every learner: an activation's argument is a key of its own, typed by its spec; one the
+    chosen activation does not take is refused, a setting of its own (d) only where changed from its default."""
+    cmd = {**STREAM, **CLASSINC}[name]
     assert cmd.make_config({"act": "test_slope", "slope": 2, "width": 8})["slope"] == 2.0  # a YAML int: a float
     with pytest.raises(ConfigError, match="slope must be a number"):
         cmd.make_config({"act": "test_slope", "slope": "steep", "width": 8})
     with pytest.raises(ConfigError, match="'relu' does not take slope"):
         cmd.make_config({"act": "relu", "slope": 0.5, "width": 8})
-    assert STREAM["edit"].make_config({"act": "test_slope", "slope": 0.5, "width": 8})["slope"] == 0.5
-    elephant = cmd.make_config({"act": "elephant", "d": 4, "width": 8})
-    assert elephant["d"] == 4 and "slope" not in elephant
+    elephant = cmd.make_config({"act": "elephant", "d": 5, "width": 8})
+    assert elephant["d"] == 5 and "slope" not in elephant
+    with pytest.raises(ConfigError, match=r"d would be ignored here \(relu takes no arguments\)"):
+        cmd.make_config({"act": "relu", "d": 5, "width": 8})
+    relu = cmd.make_config({"act": "relu", "width": 8})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(relu))  # a run's config.yaml, as --config FILE
+    assert cmd.make_config({"config": tmp_path / "config.yaml"}) == relu
+    assert cmd.make_config({"config": tmp_path / "config.yaml", "width": 16}) == {**relu, "width": 16}
 
 
 def test_class_inc_takes_the_activations_own_flag(slope_activation, tmp_path: Path, capsys) -> None:
@@ -77,10 +86,18 @@ def test_class_inc_takes_the_activations_own_flag(slope_activation, tmp_path: Pa
     assert read_run(path).config["slope"] == 0.25
 
 
-def test_class_inc_config_keys_of_the_activation(slope_activation) -> None:
-    cmd = CLASSINC["class-inc"]
-    assert cmd.make_config({"act": "test_slope", "slope": 2, "width": 8})["slope"] == 2.0
-    with pytest.raises(ConfigError, match="slope must be a number"):
-        cmd.make_config({"act": "test_slope", "slope": "steep", "width": 8})
-    with pytest.raises(ConfigError, match="slope would be ignored"):
-        cmd.make_config({"act": "relu", "slope": 0.5, "width": 8})
+def test_dqn_and_its_population_take_the_activations_own_flag(slope_activation, tmp_path: Path, capsys) -> None:
+    """One run, and two seeds as one population (their nets built by the same policy, so with the same argument)."""
+    flags = ["--act", "test_slope", "--slope", "0.25", "--steps", "200", "--set", "learning_starts=100",
+             "--set", "hidden=[16]", "--no-progress", "--out", str(tmp_path)]
+    assert _main(capsys, "dqn", "--env", "CartPole-v1", *flags)["status"] == "finished"
+    assert main(["dqn", "--env", "Acrobot-v1", "--seeds", "0-1", *flags]) == 0
+    assert "2 runs as one population" in capsys.readouterr().err
+    logs = sorted(tmp_path.rglob("run.h5"))
+    assert len(logs) == 3 and all(read_run(p).config["act_kwargs"] == {"slope": 0.25} for p in logs)
+    member = next(p for p in logs if "Acrobot" in str(p))
+    assert read_run(member).attrs["engine"].startswith("population:")
+    from agents.population.networks import member_q_net
+
+    net = member_q_net(yaml.safe_load((member.parent / "config.yaml").read_text()), 0)  # as the engine builds it
+    assert [m.slope for m in net.modules() if isinstance(m, Slope)] == [0.25]

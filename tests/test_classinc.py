@@ -217,6 +217,8 @@ def test_command_split_digits(tmp_path: Path) -> None:
     (["--data", "embed", "--data-root", "/nonexistent.npz"], "nonexistent"),
     (["--act", "relu", "--a", "0.1"], "would be ignored"),
     (["--ewc-lambda", "10", "--ewc-gamma", "1.5"], "ewc_gamma must be"),
+    (["--conv-channels", "8"], "conv_channels would be ignored here (conv_channels is for --model cnn)"),
+    (["--ewc-gamma", "0.5"], "ewc_gamma would be ignored here (ewc_gamma is for --ewc-lambda > 0)"),
 ])
 def test_command_errors(tmp_path: Path, args: list[str], message: str) -> None:
     r = _train("--out", str(tmp_path), *args, cwd=tmp_path)

@@ -82,7 +82,7 @@ def test_probes_do_not_change_the_stream(tmp_path):
 
 
 def test_edit_reaches_target_and_measures_far_change():
-    res = edit(EditConfig(StreamConfig(act="elephant", seeds=(0, 1), width=200), pretrain_steps=2000))
+    res = edit(EditConfig(act="elephant", seeds=(0, 1), width=200, pretrain_steps=2000))
     i = np.argmin(np.abs(res.x - 1.5))
     assert np.all(np.abs(res.after[:, i] + 1.5) < 0.02)
     assert np.all(res.steps > 0) and np.all(res.far_change >= 0) and np.all(res.pretrain_mse < 1e-3)

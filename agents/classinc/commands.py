@@ -1,4 +1,5 @@
-"""``python -m agents.train class-inc``: class-incremental streaming classification, several seeds per run folder.
+"""``python -m agents.train class-inc``: class-incremental streaming classification, several seeds per run folder
+(an :class:`agents.algorithm.Algorithm` declaration; defaults per dataset from ``agents/hyperparams/class_inc.yml``).
 
 Run folders: ``OUT/class-inc/<data>/<model>-<act>[-ewc]/w<width>-bs<batch>/<lr, E, activation and EWC settings>/
 seed<k>/run.h5``. Each seed's run log holds the scalars ``test_acc`` (test accuracy over the classes seen so far,
@@ -9,44 +10,37 @@ end: rows of the accuracy matrix) and ``final_acc`` (all classes, after the stre
 from stored training samples: the learner itself keeps no buffer.
 
 An activation's arguments are flags and config keys of their own (``--k 2``, ``slope: 0.5``): ``d``, ``a`` and ``h``
-with the defaults of class_inc.yml, the others with the activation's defaults (an argument named like another
-setting keeps its default).
+with the defaults of class_inc.yml, the others with the activation's defaults.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from interference.activation_spec import activation_names, activation_spec
-from probes import PROBES, ProbeContext, ProbeRunner, make_probe
+from interference.activation_spec import activation_spec
+from probes import ProbeContext, ProbeRunner, make_probe
 
-from ..commands import add_activation_flags, probe_list
+from ..algorithm import Algorithm
 from ..errors import ConfigError
-from ..inputs import parse_seeds, read_yaml
+from ..inputs import read_yaml
 from ..lifecycle import RunFolder
 from .data import DATASETS, DataError, Dataset, load_dataset, seen_mask, stream_indices, task_classes
-from .learner import MODELS, ClassIncConfig, Progress, build_model, nll, seen_accuracy, task_accuracies, \
-    train_class_inc
+from .learner import ClassIncConfig, Progress, build_model, nll, seen_accuracy, task_accuracies, train_class_inc
 
-__all__ = ["COMMANDS", "ClassInc", "defaults", "method_name"]
+__all__ = ["COMMANDS", "ClassIncSettings", "defaults", "method_name"]
 
 HYPERPARAMS = Path(__file__).resolve().parent.parent / "hyperparams" / "class_inc.yml"
 PROBE_INPUTS_PER_CLASS = 10  # test samples per class in the fixed probe inputs (sparsity)
 SCALARS_FIXED = ("test_acc", "train_loss", "final_acc", "run_end")
-#: the config keys of the run's settings (the activation's arguments beyond d, a and h are keys of their own)
-SETTINGS = frozenset(f.name for f in fields(ClassIncConfig)) - {"act_kwargs"}
-#: keys an activation argument may not take over: the run's settings and the CLI's own
-RESERVED = SETTINGS | {"act_kwargs", "seed", "probe", "device", "command", "out", "import", "help"}
 
 
 def defaults(data: str) -> dict[str, Any]:
@@ -57,56 +51,39 @@ def defaults(data: str) -> dict[str, Any]:
     return {**table["default"], **(table[data] or {})}
 
 
-def _activation_keys() -> set[str]:
-    """Config keys of the registered activations' arguments (those not in :data:`RESERVED`)."""
-    return {a for n in activation_names() for a in activation_spec(n).arguments} - RESERVED
-
-
-def _config(values: Mapping[str, Any]) -> ClassIncConfig:
-    """The run's settings of a flat config, seeds left out (unchecked)."""
-    return ClassIncConfig(**{k: v for k, v in values.items() if k in SETTINGS - {"seeds"}},
-                          act_kwargs={k: v for k, v in values.items() if k in _activation_keys()})
-
-
-def _config_dict(cfg: ClassIncConfig) -> dict[str, Any]:
-    """``cfg`` as a flat config: the activation's arguments are keys of their own."""
-    out = asdict(cfg)
-    act_kwargs = out.pop("act_kwargs")
-    return {**out, **act_kwargs, "seeds": list(cfg.seeds)}
-
-
 def _text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _check(cfg: ClassIncConfig) -> None:
-    if cfg.model not in MODELS:
-        raise ConfigError(f"unknown model {cfg.model!r}; choose from {', '.join(MODELS)}")
-    if cfg.act not in activation_names():
-        raise ConfigError(f"unknown activation {cfg.act!r}; choose from {', '.join(activation_names())}")
-    for name in ("lr", "d", "a", "h"):
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"{name} must be a positive number, got {v!r}")
-    for name in ("width", "batch_size", "updates", "conv_channels", "classes_per_task", "eval_every"):
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-    if isinstance(cfg.eval_samples, bool) or not isinstance(cfg.eval_samples, int) or cfg.eval_samples < 0:
-        raise ConfigError(f"eval_samples must be >= 0 (0: the whole test split), got {cfg.eval_samples!r}")
-    for name, least, most in (("sigma_bias", 0.0, math.inf), ("ewc_lambda", 0.0, math.inf), ("ewc_gamma", 0.0, 1.0)):
-        v = getattr(cfg, name)
-        if v is None and name == "sigma_bias":
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not least <= v <= most or math.isnan(v):
-            raise ConfigError(f"{name} must be a number in [{least:g}, {most:g}], got {v!r} (YAML reads 1e4 as a "
-                              "string: write 1.0e+4 or 10000)")
-    if cfg.layer_norm is not None and not isinstance(cfg.layer_norm, bool):
-        raise ConfigError(f"layer_norm must be true, false or unset, got {cfg.layer_norm!r}")
-    if cfg.class_order not in ("fixed", "random"):
-        raise ConfigError(f"class_order must be fixed or random, got {cfg.class_order!r}")
-    if cfg.data not in DATASETS:
-        raise ConfigError(f"unknown dataset {cfg.data!r}; choose from {', '.join(DATASETS)}")
+@dataclass
+class ClassIncSettings(ClassIncConfig):
+    """class-inc's settings: the run's, its probes' and its device."""
+
+    probe: list[str] = field(default_factory=lambda: ["gradcov", "sparsity"],
+                             metadata={"help": "comma-separated probes of the list above (empty: none)"})
+    device: str = field(default="cpu", metadata={"help": "torch device"})
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "d", "a", "h"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+        for name in ("width", "batch_size", "updates", "conv_channels", "classes_per_task", "eval_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.eval_samples < 0:
+            raise ValueError(f"eval_samples must be >= 0 (0: the whole test split), got {self.eval_samples!r}")
+        for name, least, most in (("sigma_bias", 0.0, math.inf), ("ewc_lambda", 0.0, math.inf),
+                                  ("ewc_gamma", 0.0, 1.0)):
+            v = getattr(self, name)
+            if v is not None and not least <= v <= most:
+                raise ValueError(f"{name} must be a number in [{least:g}, {most:g}], got {v!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda: this machine has no CUDA device")
+        try:
+            build_model(self, (1, 8, 8) if self.model == "cnn" else (4,), 2, 0)  # the activation's width rules
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"--act {self.act} with width {self.width}: {err}") from None
 
 
 def method_name(config: Mapping[str, Any]) -> str:
@@ -121,7 +98,7 @@ def _tag(config: Mapping[str, Any]) -> str:
     parts = [f"lr{config['lr']:g}", f"E{config['updates']}"]
     if "a" in spec.arguments:
         parts.append(f"a{config['a']:g}")
-    parts += [f"{k}{_text(config[k])}" for k in sorted(_activation_keys() & set(config))]
+    parts += [f"{k}{_text(config[k])}" for k in sorted(set(config) - _KEYS)]
     if config["sigma_bias"] is not None:
         parts.append(f"sb{config['sigma_bias']:g}")
     if config["layer_norm"] is not None:
@@ -137,134 +114,40 @@ def _tag(config: Mapping[str, Any]) -> str:
     return "-".join(parts)
 
 
-class ClassInc:
-    name = "class-inc"
-    help = ("class-incremental streaming classification (the paper's appendix: Split MNIST/CIFAR-10 with MLP, CNN, "
-            "EMLP, ECNN and Streaming EWC): one pass, no task boundaries, no buffer")
+def _folder(config: Mapping[str, Any]) -> Path:
+    """``<data>/<method>/w<width>-bs<batch>/<tag>``; data read from files: one ``<data>`` folder per location."""
+    data = config["data"]
+    if config["data_root"] is not None:
+        where = str(Path(config["data_root"]).expanduser().resolve())
+        data += "-" + hashlib.sha1(where.encode()).hexdigest()[:8]
+    return Path(data) / method_name(config) / f"w{config['width']}-bs{config['batch_size']}" / _tag(config)
 
-    def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data", choices=DATASETS, help="split-digits (default; scikit-learn's bundled 8x8 digits), "
-                       "split-mnist / split-fashion (IDX files), split-cifar10 (python pickle batches), embed "
-                       "(.npz or folder of .npy: x_train, y_train, x_test, y_test)")
-        p.add_argument("--data-root", dest="data_root",
-                       help="where the dataset's files are (split-fashion defaults to Debian's "
-                            "/usr/share/datasets/fashion-mnist; embed: the .npz file or folder)")
-        p.add_argument("--model", choices=MODELS, help="mlp (default) or cnn (conv 3x3 + ReLU + 2x2 max-pool first)")
-        p.add_argument("--act", choices=activation_names(),
-                       help="the feature layer's activation (default relu; elephant gives EMLP/ECNN)")
-        p.add_argument("--width", type=int, help="feature units (default 1000; the paper: 1000 and 10000)")
-        p.add_argument("--layer-norm", dest="layer_norm", action=argparse.BooleanOptionalAction, default=None,
-                       help="LayerNorm before the activation (default: the activation's convention: Elephant yes, as "
-                            "the authors' EMLP; ReLU no)")
-        p.add_argument("--sigma-bias", dest="sigma_bias", type=float,
-                       help="spread of the feature layer's biases (default: the activation's convention: Elephant "
-                            "0.4, others zero biases)")
-        p.add_argument("--d", type=float, help="Elephant d (default 4)")
-        p.add_argument("--a", type=float, help="Elephant a (default 0.08; the paper sweeps 0.02 .. 0.32)")
-        p.add_argument("--h", type=float, help="Elephant h (default 1)")
-        add_activation_flags(p, RESERVED)
-        p.add_argument("--conv-channels", dest="conv_channels", type=int, help="cnn: convolution channels (64)")
-        p.add_argument("--lr", type=float, help="RMSprop learning rate (decay 0.999)")
-        p.add_argument("--batch-size", dest="batch_size", type=int,
-                       help="mini-batch size (default 125, split-digits 10)")
-        p.add_argument("--updates", type=int, help="E: optimisation steps per mini-batch (default 1)")
-        p.add_argument("--ewc-lambda", dest="ewc_lambda", type=float, help="Streaming EWC strength (0: off)")
-        p.add_argument("--ewc-gamma", dest="ewc_gamma", type=float, help="Streaming EWC decay (default 0.99)")
-        p.add_argument("--classes-per-task", dest="classes_per_task", type=int, help="classes per task (2)")
-        p.add_argument("--class-order", dest="class_order", choices=("fixed", "random"),
-                       help="fixed: (0,1), (2,3), ...; random: a permutation drawn by the seed")
-        p.add_argument("--eval-every", dest="eval_every", type=int,
-                       help="evaluate every N mini-batches (and at every task's end)")
-        p.add_argument("--eval-samples", dest="eval_samples", type=int,
-                       help="evaluate on a fixed random subset of this many test samples (0: all)")
-        p.add_argument("--seeds", help="comma-separated seeds, one run log each (default 0)")
-        p.formatter_class = argparse.RawDescriptionHelpFormatter
-        g = p.add_argument_group("probes (at task ends, logged to each seed's run log)",
-                                 f"probes for --probe (--import MODULE adds a plugin's):\n{probe_list()}")
-        g.add_argument("--probe", metavar="NAMES",
-                       help="comma-separated probes of the list above (default gradcov,sparsity; empty: none)")
-        p.add_argument("--device", help="torch device (default cpu)")
 
-    def make_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        values = dict(values)
-        data = values.get("data", "split-digits")
-        if data not in DATASETS:
-            raise ConfigError(f"unknown dataset {data!r}; choose from {', '.join(DATASETS)}")
-        act_keys = _activation_keys() & set(values)
-        extra = set(values) - SETTINGS - act_keys - {"seed", "probe", "device"}
-        if extra:
-            raise ConfigError(f"class-inc does not take {', '.join(sorted(extra))}")
-        given = {k for k, v in values.items() if v is not None}
-        act = values.get("act") or defaults(data)["act"]
-        if act not in activation_names():
-            raise ConfigError(f"unknown activation {act!r}; choose from {', '.join(activation_names())}")
-        spec = activation_spec(act)
-        ignored = [k for k in ("d", "a", "h", *sorted(act_keys)) if k in given and k not in spec.arguments]
-        ignored += [k for k in ("conv_channels",) if k in given and (values.get("model") or "mlp") != "cnn"]
-        ignored += [k for k in ("ewc_gamma",) if k in given and not values.get("ewc_lambda")]
-        if ignored:
-            raise ConfigError(f"{', '.join(ignored)} would be ignored here ({act} takes "
-                              f"{', '.join(spec.arguments) or 'no arguments'}; conv_channels is for "
-                              "--model cnn; ewc_gamma needs --ewc-lambda > 0)")
-        merged = {**defaults(data), **{k: v for k, v in values.items() if k in SETTINGS and v is not None}}
-        cfg = _config(merged)
-        cfg.seeds = parse_seeds(values.get("seeds", values.get("seed", (0,))))
-        try:
-            cfg.act_kwargs = spec.parse_arguments({k: values[k] for k in act_keys if values[k] is not None})
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        _check(cfg)
-        try:
-            build_model(cfg, (1, 8, 8) if cfg.model == "cnn" else (4,), 2, 0)  # the activation's width rules
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"--act {cfg.act} with width {cfg.width}: {err}") from None
-        probes = values.get("probe", "gradcov,sparsity")
-        probes = [p for p in (probes.split(",") if isinstance(probes, str) else probes) if p]
-        unknown = [p for p in probes if p not in PROBES]
-        if unknown:
-            raise ConfigError(f"unknown probe {unknown[0]!r}; choose from {', '.join(sorted(PROBES))}")
-        device = values.get("device") or "cpu"
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: this machine has no CUDA device")
-        return {"command": self.name, **_config_dict(cfg), "probe": probes, "device": device}
-
-    def run_dir(self, config: Mapping[str, Any], out: Path) -> Path:
-        data = config["data"]
-        if config["data_root"] is not None:  # files read from disk: one folder per location
-            where = str(Path(config["data_root"]).expanduser().resolve())
-            data += "-" + hashlib.sha1(where.encode()).hexdigest()[:8]
-        return (Path(out) / self.name / data / method_name(config)
-                / f"w{config['width']}-bs{config['batch_size']}" / _tag(config))
-
-    def train(self, run: RunFolder) -> dict[str, Any]:
-        config, run_dir = run.config, run.path
-        cfg = _config(config)
-        cfg.seeds = tuple(config["seeds"])
-        try:
-            data = load_dataset(cfg.data, cfg.data_root)
-        except DataError as err:
-            raise ConfigError(str(err)) from None
-        if data.n_classes % cfg.classes_per_task:
-            raise ConfigError(f"{cfg.data} has {data.n_classes} classes, not a multiple of classes_per_task "
-                              f"{cfg.classes_per_task}")
-        try:
-            build_model(cfg, data.input_shape, data.n_classes, 0)
-        except ValueError as err:
-            raise ConfigError(f"--model {cfg.model} on {cfg.data} (samples of shape {data.input_shape}): {err}") \
-                from None
-        run.start()
-        final = {}
-        for seed in cfg.seeds:
-            final[str(seed)] = run_seed(cfg, data, seed, config, run_dir / f"seed{seed}" / "run.h5")
-            print(f"class-inc {method_name(config)} seed {seed}: final accuracy {final[str(seed)]:.4f}",
-                  file=sys.stderr, flush=True)
-        acc = np.array(list(final.values()))
-        ok = np.isfinite(acc).all()
-        summary = {"final_acc": {k: v if math.isfinite(v) else None for k, v in final.items()},
-                   "mean_final_acc": float(acc.mean()) if ok else None,
-                   "sem_final_acc": float(acc.std(ddof=1) / math.sqrt(len(acc))) if ok and len(acc) > 1 else None,
-                   "status": "finished" if ok else "nan"}
-        return run.finish(summary)
+def train_class_inc_run(run: RunFolder, cfg: ClassIncSettings) -> dict[str, Any]:
+    """Train every seed of ``cfg`` one after another, each into its own run log; the summary of their final
+    accuracies (status ``nan`` if one diverged)."""
+    try:
+        data = load_dataset(cfg.data, cfg.data_root)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    if data.n_classes % cfg.classes_per_task:
+        raise ConfigError(f"{cfg.data} has {data.n_classes} classes, not a multiple of classes_per_task "
+                          f"{cfg.classes_per_task}")
+    try:
+        build_model(cfg, data.input_shape, data.n_classes, 0)
+    except ValueError as err:
+        raise ConfigError(f"--model {cfg.model} on {cfg.data} (samples of shape {data.input_shape}): {err}") from None
+    final = {}
+    for seed in cfg.seeds:
+        final[str(seed)] = run_seed(cfg, data, seed, run.config, run.path / f"seed{seed}" / "run.h5")
+        print(f"class-inc {method_name(run.config)} seed {seed}: final accuracy {final[str(seed)]:.4f}",
+              file=sys.stderr, flush=True)
+    acc = np.array(list(final.values()))
+    ok = np.isfinite(acc).all()
+    return {"final_acc": {k: v if math.isfinite(v) else None for k, v in final.items()},
+            "mean_final_acc": float(acc.mean()) if ok else None,
+            "sem_final_acc": float(acc.std(ddof=1) / math.sqrt(len(acc))) if ok and len(acc) > 1 else None,
+            "status": "finished" if ok else "nan"}
 
 
 def _probe_inputs(data: Dataset) -> torch.Tensor:
@@ -329,4 +212,12 @@ def run_seed(cfg: ClassIncConfig, data: Dataset, seed: int, config: Mapping[str,
     return acc
 
 
-COMMANDS = {"class-inc": ClassInc()}
+CLASS_INC = Algorithm(
+    "class-inc", "class-incremental streaming classification (the paper's appendix: Split MNIST/CIFAR-10 with MLP, "
+    "CNN, EMLP, ECNN and Streaming EWC): one pass, no task boundaries, no buffer", ClassIncSettings,
+    train_class_inc_run, folder=_folder, defaults=lambda values: defaults(values.get("data", "split-digits")),
+    activation="act", key="command")
+#: the run's settings (the activation's other arguments are keys beside them)
+_KEYS = frozenset(CLASS_INC.fields) | {"command"}
+
+COMMANDS = {"class-inc": CLASS_INC}

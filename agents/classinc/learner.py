@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +33,9 @@ from torch import Tensor, nn
 
 from agents.allocator import retain_freed_memory
 from interference import activation_spec, cross_entropy, grad_moments, mlp
+from interference.activation_spec import activation_names
 
-from .data import Dataset, seen_mask, stream_indices, task_classes
+from .data import DATASETS, Dataset, seen_mask, stream_indices, task_classes
 
 __all__ = ["ClassIncConfig", "MODELS", "build_model", "StreamingEWC", "optimizer", "update", "nll", "accuracy", "Progress", "train_class_inc"]
 
@@ -41,31 +43,44 @@ __all__ = ["ClassIncConfig", "MODELS", "build_model", "StreamingEWC", "optimizer
 MODELS = ("mlp", "cnn")
 
 
+def _s(default: Any, help: str, **metadata: Any) -> Any:
+    """A setting: its default, help line and further metadata (:class:`agents.algorithm.Algorithm`'s flags)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass
 class ClassIncConfig:
     """One class-incremental run (per seed). ``None`` defaults follow the activation's conventions."""
 
-    data: str = "split-digits"
-    data_root: str | None = None
-    model: str = "mlp"
-    act: str = "relu"
-    width: int = 1000
-    layer_norm: bool | None = None
-    sigma_bias: float | None = None
-    d: float = 4.0
-    a: float = 0.08
-    h: float = 1.0
-    conv_channels: int = 64
-    lr: float = 1e-4
-    batch_size: int = 125
-    updates: int = 1
-    ewc_lambda: float = 0.0
-    ewc_gamma: float = 0.99
-    classes_per_task: int = 2
-    class_order: str = "fixed"
-    eval_every: int = 10
-    eval_samples: int = 0
-    seeds: tuple[int, ...] = field(default=(0,))
+    data: str = _s("split-digits", "split-digits (scikit-learn's bundled 8x8 digits), split-mnist / split-fashion "
+                   "(IDX files), split-cifar10 (python pickle batches), embed (.npz or folder of .npy: x_train, "
+                   "y_train, x_test, y_test)", choices=DATASETS)
+    data_root: str | None = _s(None, "where the dataset's files are (split-fashion defaults to Debian's "
+                               "/usr/share/datasets/fashion-mnist; embed: the .npz file or folder)")
+    model: str = _s("mlp", "mlp, or cnn (conv 3x3 + ReLU + 2x2 max-pool first)", choices=MODELS)
+    act: str = _s("relu", "the feature layer's activation (elephant gives EMLP/ECNN)", choices=activation_names)
+    width: int = _s(1000, "feature units (the paper: 1000 and 10000)")
+    layer_norm: bool | None = _s(None, "LayerNorm before the activation (unset: the activation's convention: "
+                                 "Elephant yes, as the authors' EMLP; ReLU no)")
+    sigma_bias: float | None = _s(None, "spread of the feature layer's biases (unset: the activation's convention: "
+                                  "Elephant 0.4, others zero biases)")
+    d: float = _s(4.0, "Elephant d")
+    a: float = _s(0.08, "Elephant a (the paper sweeps 0.02 .. 0.32)")
+    h: float = _s(1.0, "Elephant h")
+    conv_channels: int = _s(64, "cnn: convolution channels", applies=lambda c: c.model == "cnn",
+                            applies_text="--model cnn")
+    lr: float = _s(1e-4, "RMSprop learning rate (decay 0.999)")
+    batch_size: int = _s(125, "mini-batch size")
+    updates: int = _s(1, "E: optimisation steps per mini-batch")
+    ewc_lambda: float = _s(0.0, "Streaming EWC strength (0: off)")
+    ewc_gamma: float = _s(0.99, "Streaming EWC decay", applies=lambda c: c.ewc_lambda > 0,
+                          applies_text="--ewc-lambda > 0")
+    classes_per_task: int = _s(2, "classes per task")
+    class_order: str = _s("fixed", "fixed: (0,1), (2,3), ...; random: a permutation drawn by the seed",
+                          choices=("fixed", "random"))
+    eval_every: int = _s(10, "evaluate every N mini-batches (and at every task's end)")
+    eval_samples: int = _s(0, "evaluate on a fixed random subset of this many test samples (0: all)")
+    seeds: tuple[int, ...] = _s((0,), "seeds, one run log each (e.g. 0-4 or 0,2)")
     act_kwargs: dict[str, object] = field(default_factory=dict)  # the activation's other arguments, where set
 
 

@@ -11,7 +11,8 @@ closes about the same fraction of the gap per step, whatever its activation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,19 +24,24 @@ from .learner import Ensemble, StreamConfig, build_net, sine_stream
 __all__ = ["EditConfig", "EditResult", "edit"]
 
 
+def _s(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
-class EditConfig:
-    stream: StreamConfig
-    pretrain_steps: int = 5000
-    pretrain_lr: float = 1e-2
-    pretrain_tol: float = 1e-3
-    x_edit: float = 1.5
-    target: float = -1.5
-    tol: float = 0.01
-    fraction: float = 0.1
-    max_steps: int = 10_000
-    far: float = 0.2
-    n_grid: int = 1000
+class EditConfig(StreamConfig):
+    """The stream's settings (its SR-NN settings unused) and the edit's."""
+
+    far: float = _s(0.2, "report the mean change where |x - x_edit| > far")
+    fraction: float = _s(0.1, "fraction of the gap at x_edit each gradient step closes (step size fraction / 2K)")
+    max_steps: int = _s(10_000, "most gradient steps of the edit")
+    n_grid: int = _s(1000, "points on [0, 2] where the change is measured")
+    pretrain_lr: float = _s(1e-2, "Adam learning rate fitting sin(pi x)")
+    pretrain_steps: int = _s(5000, "max full-batch Adam steps fitting sin(pi x)")
+    pretrain_tol: float = _s(1e-3, "fit until every seed's MSE is below this")
+    target: float = _s(-1.5, "new target at x_edit")
+    tol: float = _s(0.01, "stop when |f(x_edit) - target| <= tol")
+    x_edit: float = _s(1.5, "input whose target changes")
 
 
 @dataclass
@@ -49,14 +55,13 @@ class EditResult:
 
 
 def edit(cfg: EditConfig, say: Callable[[str], None] | None = None) -> EditResult:
-    """Fit, edit and measure every seed of ``cfg.stream.seeds``; ``say`` gets a line at each stage (the
+    """Fit, edit and measure every seed of ``cfg.seeds``; ``say`` gets a line at each stage (the
     pre-training takes most of the time)."""
-    s = cfg.stream
     say = say or (lambda line: None)
-    ens = Ensemble([build_net(s, seed) for seed in s.seeds])
-    x, y = sine_stream(s.n)
+    ens = Ensemble([build_net(cfg, seed) for seed in cfg.seeds])
+    x, y = sine_stream(cfg.n)
     opt = torch.optim.Adam(ens.parameters(), lr=cfg.pretrain_lr)
-    say(f"pre-training {len(s.seeds)} {s.act} networks on sin(pi x) (full batch, at most {cfg.pretrain_steps:,} "
+    say(f"pre-training {len(cfg.seeds)} {cfg.act} networks on sin(pi x) (full batch, at most {cfg.pretrain_steps:,} "
         f"Adam steps, until every MSE < {cfg.pretrain_tol:g})")
     for step in range(cfg.pretrain_steps):
         opt.zero_grad(set_to_none=True)
@@ -73,10 +78,10 @@ def edit(cfg: EditConfig, say: Callable[[str], None] | None = None) -> EditResul
         before = ens.forward(grid)[0][..., 0]
         pretrain_mse = (ens.forward(x)[0] - y).pow(2).mean(dim=(1, 2))
     xe = torch.tensor([[cfg.x_edit]])
-    kernel = torch.stack([ntk(ens.module(i), xe, output="trace")[0, 0] for i in range(len(s.seeds))])
+    kernel = torch.stack([ntk(ens.module(i), xe, output="trace")[0, 0] for i in range(len(cfg.seeds))])
     lr = (cfg.fraction / (2.0 * kernel))[:, None, None]
     params = ens.parameters()
-    steps = np.zeros(len(s.seeds), dtype=np.int64)
+    steps = np.zeros(len(cfg.seeds), dtype=np.int64)
     for _ in range(cfg.max_steps):
         pred = ens.forward(xe)[0][:, 0, 0]
         active = ((pred - cfg.target).abs() > cfg.tol).detach()

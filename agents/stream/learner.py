@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from agents.allocator import retain_freed_memory
 from interference import activation_spec, mlp
+from interference.activation_spec import activation_names
 
 from .srnn import set_kl_penalty
 
@@ -33,19 +34,22 @@ __all__ = ["StreamConfig", "StreamResult", "Ensemble", "sine_stream", "train_str
 class StreamConfig:
     """Everything that defines one streaming run (per seed)."""
 
-    act: str = "elephant"
-    lr: float = 3e-4
-    seeds: tuple[int, ...] = (0,)
-    n: int = 200
-    n_test: int = 1000
-    updates: int = 10
-    width: int = 1000
-    d: float = 8.0
-    a: float = 0.08
-    h: float = 1.0
-    sigma_bias: float = 1.28
-    srnn_lambda: float = 0.0
-    srnn_beta: float = 0.1
+    act: str = field(default="elephant", metadata={"help": "hidden activation", "choices": activation_names})
+    lr: float = field(default=3e-4, metadata={"help": "Adam learning rate (the paper's grid is 3e-3, 1e-3, 3e-4, "
+                                                      "1e-4, 3e-5, 1e-5)"})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "seeds trained side by side (e.g. 0-4 or 0,2)"})
+    n: int = field(default=200, metadata={"help": "stream length"})
+    n_test: int = field(default=1000, metadata={"help": "test points on [0, 2]"})
+    updates: int = field(default=10, metadata={"help": "Adam updates per arriving sample"})
+    width: int = field(default=1000, metadata={"help": "hidden units"})
+    d: float = field(default=8.0, metadata={"help": "Elephant slope d (any activation's argument d)"})
+    a: float = field(default=0.08, metadata={"help": "Elephant width a (any activation's argument a)"})
+    h: float = field(default=1.0, metadata={"help": "Elephant height h (any activation's argument h)"})
+    sigma_bias: float = field(default=1.28, metadata={"help": "bias spread of activations that spread their biases, "
+                                                              "e.g. Elephant"})
+    srnn_lambda: float = field(default=0.0, metadata={"help": "SR-NN Set-KL weight lambda (0 = plain activation; "
+                                                              "paper: 0.1, 0.01, 0.001)"})
+    srnn_beta: float = field(default=0.1, metadata={"help": "SR-NN target sparsity beta (0.05, 0.1, 0.2)"})
     act_kwargs: dict[str, Any] = field(default_factory=dict)  # the activation's other arguments, where set
 
 
