@@ -1,14 +1,19 @@
 """Aggregate env steps per second of the population engine against SB3's DQN on the same network, in one process.
 
     python -m agents.population.bench [--env MountainCar-v0] [--act elephant] [--sizes 1,8,32,64] [--steps 600]
+    python -m agents.population.bench --device cuda --sizes 1024,4096,16384 --implementations device,device-compiled
 
 SB3's DQN (``agents.train dqn``'s model) and populations of P members (seeds 0..P-1, the env's default config)
 train past ``learning_starts`` untimed (1000 steps), then ``--steps`` timed steps; one torch thread. SB3 is measured
 before and after the populations and the ratios use the mean of both. Prints env steps/s (P x steps / seconds for
 a population), the ratio to SB3 and where a population's time went (acting, env, update) for each implementation of
 :data:`agents.population.engine.IMPLEMENTATIONS` asked for (the compile of "compiled" happens in the untimed
-warm-up and is reported apart), with the allocator set as training sets it (:mod:`agents.allocator`). Do not run it
-while a study runs on the same cores.
+warm-up and is reported apart), with the allocator set as training sets it (:mod:`agents.allocator`), and for the
+device step (:mod:`agents.population.device`: ``device``, eager; ``device-compiled``, both phases through
+``torch.compile``). ``--device cuda`` runs SB3 and the populations on the GPU and adds the GPU's busy share (kernel
+time over wall time, from the profiler, over 20 steps) and the peak GPU memory per member. Memory per member is the
+population's own tensors (parameters, optimiser state, replay) over P. Do not run it while a study runs on the same
+cores.
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
+import numpy as np
 import torch
 
 from agents.allocator import retain_freed_memory
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
+from .device import DEVICE_MODES, DevicePopulation
 from .engine import IMPLEMENTATIONS, Member, Population
 
 
@@ -35,19 +43,64 @@ def sb3_rate(config: dict, steps: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def population_rate(config: dict, p: int, steps: int, implementation: str) -> tuple[float, dict[str, float], float]:
-    """Env steps/s of P members, the time shares of acting, env and update, and the warm-up's seconds."""
+def _tensor_bytes(pop: Any) -> int:
+    """Bytes of the population's own tensors (parameters, target, optimiser state, replay buffers)."""
+    seen, total = set(), 0
+    for value in vars(pop).values():
+        items = value.values() if isinstance(value, dict) else [value]
+        for t in items:
+            if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+            elif isinstance(t, np.ndarray):
+                total += t.nbytes
+    return total
+
+
+def _gpu_busy(pop: Any, steps: int = 20) -> float:
+    """The GPU's busy share over ``steps`` steps: summed kernel time over wall time (the profiler's CUDA events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        pop.learn(steps)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    busy_us = sum(e.device_time_total for e in prof.key_averages())
+    return busy_us / 1e6 / wall
+
+
+def population_rate(config: dict, p: int, steps: int, implementation: str,
+                    device: str = "cpu") -> tuple[float, dict[str, float], float, dict[str, float]]:
+    """Env steps/s of P members, the time shares of acting, env and update (the engine's implementations), the
+    warm-up's seconds and the memory (MB per member; on CUDA, also the peak) and GPU busy share."""
     members = [Member(seed=s, learning_rate=config["learning_rate"], buffer_size=config["buffer_size"])
                for s in range(p)]
-    pop = Population(config, members, implementation=implementation)
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    if implementation in DEVICE_MODES:
+        pop: Any = DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
+    else:
+        pop = Population(config, members, implementation=implementation, device=device)
     t0 = time.perf_counter()
     pop.learn(config["learning_starts"] + 1)
+    if cuda:
+        torch.cuda.synchronize()
     warmup = time.perf_counter() - t0
-    pop.seconds = dict.fromkeys(pop.seconds, 0.0)
+    seconds = getattr(pop, "seconds", {})
+    seconds.update(dict.fromkeys(seconds, 0.0))
     t0 = time.perf_counter()
     pop.learn(steps)
+    if cuda:
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    return p * steps / elapsed, {k: v / elapsed for k, v in pop.seconds.items()}, warmup
+    extra = {"mb_per_member": _tensor_bytes(pop) / p / 2**20}
+    if cuda:
+        extra["gpu_busy"] = _gpu_busy(pop)
+        extra["peak_mb_per_member"] = torch.cuda.max_memory_allocated() / p / 2**20
+    return p * steps / elapsed, {k: v / elapsed for k, v in seconds.items()}, warmup, extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,22 +111,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,8,32,64")
     parser.add_argument("--steps", type=int, default=600, help="timed env steps (per member)")
     parser.add_argument("--implementations", default="compiled,batched",
-                        help="comma-separated, of " + ", ".join(IMPLEMENTATIONS[1:]))
+                        help="comma-separated, of " + ", ".join((*IMPLEMENTATIONS[1:], *DEVICE_MODES)))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (SB3 and the populations)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     retain_freed_memory()  # as training runs set it (SB3's and the populations'), before either is measured
-    config = resolve("dqn", {"env": args.env, "act": args.act})
+    config = resolve("dqn", {"env": args.env, "act": args.act, "device": args.device})
     before = sb3_rate(config, args.steps)
     print(f"SB3 DQN {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
     rows = []
     for impl in args.implementations.split(","):
         for p in (int(x) for x in args.sizes.split(",")):
-            rate, split, warmup = population_rate(config, p, args.steps, impl)
+            rate, split, warmup, extra = population_rate(config, p, args.steps, impl, args.device)
             rows.append({"implementation": impl, "P": p, "steps_per_second": rate, "time_share": split,
-                         "warmup_seconds": warmup})
-            print(f"{impl:5s} P={p:3d}: {rate:9,.0f} env steps/s, {rate / before:5.2f}x SB3 (so far); time: "
-                  + ", ".join(f"{k} {v:.0%}" for k, v in split.items())
+                         "warmup_seconds": warmup, **extra})
+            print(f"{impl:5s} P={p:3d}: {rate:9,.0f} env steps/s, {rate / before:5.2f}x SB3 (so far); "
+                  + (f"time: {', '.join(f'{k} {v:.0%}' for k, v in split.items())}; " if split else "")
+                  + f"{extra['mb_per_member']:.2f} MB/member"
+                  + (f", GPU busy {extra['gpu_busy']:.0%}, peak {extra['peak_mb_per_member']:.2f} MB/member"
+                     if "gpu_busy" in extra else "")
                   + f" (warm-up incl. any compile {warmup:.0f} s)", file=sys.stderr)
     after = sb3_rate(config, args.steps)  # again: the machine's speed may have drifted meanwhile
     base = (before + after) / 2
@@ -81,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["ratio_to_sb3"] = row["steps_per_second"] / base
         print(f"{row['implementation']:5s} P={row['P']:3d}: {row['ratio_to_sb3']:5.2f}x SB3", file=sys.stderr)
-    result = {"env": args.env, "act": args.act, "sb3_steps_per_second": base, "sb3_before_after": [before, after],
+    result = {"env": args.env, "act": args.act, "device": args.device, "sb3_steps_per_second": base, "sb3_before_after": [before, after],
               "population": rows}
     if args.json:
         print(json.dumps(result, indent=1))

@@ -78,16 +78,28 @@ class CounterDraws:
 
 
 class CounterGenerator:
-    """The reset draws of one env copy (the ``uniform(low, high)`` of numpy's generator), as the device envs draw
-    them: the ``k``-th draw is ``uniform(seed, RESET, k)``."""
+    """The reset draws of one env copy, as the device envs draw them, behind the methods of numpy's generator the
+    numpy envs call: the ``k``-th call (``random``, ``uniform`` or ``integers``) takes ``uniform(seed, RESET, k,
+    j)`` for its values ``j = 0, 1, ...``."""
 
     def __init__(self, seed: int) -> None:
         self.seed, self.count = int(seed), 0
 
-    def random(self) -> float:
-        u = float(uniform(torch.tensor(self.seed), RESET, self.count))
+    def _draw(self, size: int | tuple[int, ...] | None) -> np.ndarray:
+        n = int(np.prod(size)) if size is not None else 1
+        u = uniform(torch.tensor(self.seed), RESET, self.count, torch.arange(n)).numpy()
         self.count += 1
-        return u
+        return u if size is None else u.reshape(size)
 
-    def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
-        return low + (high - low) * self.random()
+    def random(self, size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
+        u = self._draw(size)
+        return float(u[0]) if size is None else u
+
+    def uniform(self, low: float = 0.0, high: float = 1.0,
+                size: int | tuple[int, ...] | None = None) -> float | np.ndarray:
+        u = self.random(size)
+        return low + (high - low) * u
+
+    def integers(self, n: int) -> int:
+        """An integer in ``[0, n)``: :func:`below` of the call's uniform."""
+        return int(below(torch.tensor(self.random()), n))

@@ -16,20 +16,24 @@ and :class:`~.counter.CounterGenerator` (tests/test_population_device.py: equal 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import grad_and_value, stack_module_state
+from torch.func import functional_call, grad_and_value, stack_module_state
 
 from .counter import ACTION, EXPLORE, INDEX, below, uniform
 from .device_envs import TORCH_ENVS
 from .engine import Member, _schedules, config_refusal
 from .networks import _batched_forward, _rmsprop, _td_losses, member_q_net
 
-__all__ = ["DevicePopulation", "device_refusal"]
+__all__ = ["DEVICE_MODES", "DevicePopulation", "device_refusal"]
+
+#: the device step's implementations (``implementation=`` of :func:`agents.population.run.run_population`): eager,
+#: or both phases through ``torch.compile``
+DEVICE_MODES = ("device", "device-compiled")
 
 
 def device_refusal(config: Mapping[str, Any], device: str = "cpu") -> str | None:
@@ -61,13 +65,12 @@ class DevicePopulation:
         heads = [n.q_net.to(dev) for n in nets]
         self.base = copy.deepcopy(heads[0])
         self.compiled = bool(compile)
-        # compiled: the form Inductor fuses (plain ops, which torch.func and Dynamo trace); eager: fused kernels
-        forward = _batched_forward(self.base, compiled=self.compiled)
         params, buffers = stack_module_state(heads)
-        if forward is None or not all(bool((v == v[:1]).all()) for v in buffers.values()):
+        if _batched_forward(self.base, compiled=False) is None or \
+                not all(bool((v == v[:1]).all()) for v in buffers.values()):
             raise ValueError(f"the device step runs MLPs of Linear, LayerNorm, ReLU, Elephant, Maxout, LWTA and FTA "
                              f"layers whose buffers all members share, not {self.base}")
-        self.forward, self.buffers = forward, buffers
+        self.buffers = buffers
         self.params = {k: v.detach().clone() for k, v in params.items()}
         self.dtype = next(iter(self.params.values())).dtype
         self.target = {k: v.clone() for k, v in self.params.items()}
@@ -96,6 +99,7 @@ class DevicePopulation:
         self.num_timesteps = 0  # the host's count
         self.clock = torch.zeros((), dtype=torch.int64, device=dev)  # the same count on the device
         self.diverged = torch.zeros(self.P, dtype=torch.int64, device=dev)  # step of a non-finite loss; 0: none
+        self.diverged_at = np.zeros(self.P, dtype=np.int64)  # the same, as of the last read-back
         self.readback = int(readback)
         self._return = torch.zeros(self.P, dtype=torch.float64, device=dev)
         self._length = torch.zeros(self.P, dtype=torch.int64, device=dev)
@@ -104,10 +108,28 @@ class DevicePopulation:
         self._lengths = torch.zeros(self.readback, self.P, dtype=torch.int64, device=dev)
         self.episodes: list[list[tuple[int, float, int]]] = [[] for _ in range(self.P)]  # (step, return, length)
         self.last_losses: Tensor | None = None
+        self._read_to = 0  # the steps whose episodes are in :attr:`episodes`
+        self._build_paths()
+
+    @property
+    def implementation(self) -> str:
+        return "device-compiled" if self.compiled else "device"
+
+    def _build_paths(self) -> None:
+        """The network's callable and the phases (rebuilt after unpickling: neither pickles)."""
+        # compiled: the form Inductor fuses (plain ops, which torch.func and Dynamo trace); eager: fused kernels
+        self.forward = _batched_forward(self.base, compiled=self.compiled)
         self._act, self._update = self.act_phase, self.update_phase
         if self.compiled:
             self._act = torch.compile(self.act_phase, fullgraph=True, dynamic=False)
             self._update = torch.compile(self.update_phase, fullgraph=True, dynamic=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("forward", "_act", "_update")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._build_paths()
 
     # --- one step: two phases, each one graph ------------------------------------------------------------
 
@@ -188,31 +210,70 @@ class DevicePopulation:
 
     # --- the host's loop ------------------------------------------------------------------------------------
 
-    def step(self) -> None:
-        """One env step of every member, its storage, target copy and (past ``learning_starts``) update."""
+    def step(self, after_store: Callable[[], None] | None = None) -> None:
+        """One env step of every member, its storage, target copy and (past ``learning_starts``) update;
+        ``after_store`` is called after the transition is stored (probes: they see it in the replay buffer, where a
+        single run's callbacks run just before the store)."""
         t, starts = self.num_timesteps, self.config["learning_starts"]
         self._act(t < starts)
         self.num_timesteps = t = t + 1
+        if after_store is not None:
+            after_store()
         if t % self.config["target_update_interval"] == 0:
             self.copy_target()
         if t > starts:
             self._update()
-        if t % self.readback == 0:
+        if t - self._read_to == self.readback:
             self.read_back()
 
     def read_back(self) -> None:
-        """Move the finished episodes recorded since the last read-back into :attr:`episodes` (one host sync)."""
-        n = (self.num_timesteps - 1) % self.readback + 1  # rows filled since the last read-back
-        first = self.num_timesteps - n + 1  # the env step of row 0
-        ends, returns, lengths = (a[:n].cpu().numpy() for a in (self._ends, self._returns, self._lengths))
-        for row, m in zip(*np.nonzero(ends)):
-            self.episodes[m].append((first + int(row), float(returns[row, m]), int(lengths[row, m])))
+        """Move the episodes finished since the last read-back into :attr:`episodes` (one host sync)."""
+        first, last = self._read_to + 1, self.num_timesteps  # env steps 1.. (step s wrote row (s - 1) % readback)
+        if last < first:
+            return
+        rows = [(s - 1) % self.readback for s in range(first, last + 1)]
+        index = torch.as_tensor(rows, device=self.device)
+        ends, returns, lengths = (a[index].cpu().numpy() for a in (self._ends, self._returns, self._lengths))
+        for i, m in zip(*np.nonzero(ends)):
+            self.episodes[m].append((first + int(i), float(returns[i, m]), int(lengths[i, m])))
+        self._read_to = last
+        self.diverged_at = self.diverged.cpu().numpy()
 
     def learn(self, steps: int) -> None:
         for _ in range(steps):
             self.step()
-        if self.num_timesteps % self.readback:
-            self.read_back()
+        self.read_back()
+
+    def member_probe_context(self, m: int, model: nn.Module, rng: np.random.Generator) -> dict[str, Any]:
+        """What a probe sees of member ``m`` (:meth:`agents.population.engine.Population.member_probe_context`):
+        its network, the per-sample TD loss and ``sample(k)`` from its replay buffer, drawn with ``rng``."""
+        model.load_state_dict(self.member_state(m))
+        params = {**{k: v[m] for k, v in self.target.items()}, **{k: v[m] for k, v in self.buffers.items()}}
+
+        def sample(k: int) -> tuple[Tensor, Tensor, Tensor]:
+            size = int(self.size[m])
+            if size == 0:
+                raise RuntimeError("the replay buffer is empty; probe after learning_starts")
+            idx = torch.as_tensor(rng.integers(0, size, size=k), device=self.device)
+            with torch.no_grad():
+                next_q = functional_call(self.base, (params,), (self.next_buf[m, idx].to(self.dtype),)).max(-1).values
+                y = self.rew_buf[m, idx].to(self.dtype) + \
+                    (1 - self.done_buf[m, idx].to(self.dtype)) * self.gamma * next_q
+            return self.obs_buf[m, idx], self.act_buf[m, idx], y
+
+        def td(q_net: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+            obs, actions, y = batch
+            return (q_net(obs).gather(1, actions[:, None]).squeeze(1) - y) ** 2
+
+        return {"model": model, "losses": {"td": td}, "sample": sample}
+
+    def stored_observations(self, m: int, n: int, rng: np.random.Generator) -> Tensor | None:
+        """``n`` distinct observations member ``m`` has stored (None until it has ``n``), chosen as the exact
+        engine chooses them."""
+        size = int(self.size[m])
+        if size < n:
+            return None
+        return self.obs_buf[m, torch.as_tensor(np.sort(rng.choice(size, size=n, replace=False)), device=self.device)]
 
     def member_state(self, m: int) -> dict[str, Tensor]:
         """Member ``m``'s ``state_dict`` as SB3's Q-network names it (parameters and persistent buffers)."""

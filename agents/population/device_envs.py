@@ -11,6 +11,7 @@ generator, so that the numpy twin reproduces them with :class:`agents.population
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from .counter import RESET, uniform
 
-__all__ = ["TorchEnv", "TorchMountainCar", "TORCH_ENVS", "TorchStep"]
+__all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TORCH_ENVS", "TorchStep"]
 
 
 class TorchStep(NamedTuple):
@@ -105,4 +106,80 @@ class TorchMountainCar(TorchEnv):
         return torch.full((self.n,), -1.0, dtype=torch.float32, device=self.device), terminated
 
 
-TORCH_ENVS: dict[str, type[TorchEnv]] = {c.env_id: c for c in (TorchMountainCar,)}
+class TorchAcrobot(TorchEnv):
+    """Gymnasium's Acrobot-v1 ("book" dynamics, RK4 over dt = 0.2): state (theta1, theta2, dtheta1, dtheta2); a
+    reset state stays float32 until the copy's first step, as in Gymnasium."""
+
+    env_id, obs_dim, n_actions, default_max_steps = "Acrobot-v1", 6, 3, 500
+    dt = 0.2
+    m1 = m2 = l1 = 1.0
+    lc1 = lc2 = 0.5
+    moi = 1.0
+    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
+
+    def __init__(self, seeds: Tensor, max_episode_steps: int | None = None) -> None:
+        super().__init__(seeds, max_episode_steps)
+        self.fresh = torch.zeros(self.n, dtype=torch.bool, device=self.device)  # reset, not stepped since
+        self.torques = torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64, device=self.device)
+
+    def _state_dim(self) -> int:
+        return 4
+
+    def _initial(self) -> Tensor:
+        u = uniform(self.seeds[:, None], RESET, self.resets[:, None], torch.arange(4, device=self.device)[None])
+        return (-0.1 + (0.1 - -0.1) * u).to(torch.float32).to(torch.float64)
+
+    def reset(self) -> Tensor:
+        self.fresh = torch.ones_like(self.fresh)
+        return super().reset()
+
+    def step(self, actions: Tensor) -> TorchStep:
+        out = super().step(actions)
+        self.fresh = out.terminated | out.truncated
+        return out._replace(obs=self.observe())
+
+    def _dsdt(self, s: Tensor, a: Tensor) -> Tensor:
+        """:meth:`agents.population.envs.BatchedAcrobot._dsdt`: the same expressions, term order kept."""
+        m1, m2, l1, lc1, lc2, I1, I2, g, pi = self.m1, self.m2, self.l1, self.lc1, self.lc2, self.moi, self.moi, 9.8, \
+            math.pi
+        theta1, theta2, dtheta1, dtheta2 = s.unbind(1)
+        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * torch.cos(theta2)) + I1 + I2
+        d2 = m2 * (lc2**2 + l1 * lc2 * torch.cos(theta2)) + I2
+        phi2 = m2 * lc2 * g * torch.cos(theta1 + theta2 - pi / 2.0)
+        phi1 = (-m2 * l1 * lc2 * dtheta2.square() * torch.sin(theta2)
+                - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * torch.sin(theta2)
+                + (m1 * lc1 + m2 * l1) * g * torch.cos(theta1 - pi / 2) + phi2)
+        ddtheta2 = (a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1.square() * torch.sin(theta2) - phi2) / \
+            (m2 * lc2**2 + I2 - d2.square() / d1)
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return torch.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], dim=1)
+
+    def _dynamics(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        a, y0, dt = self.torques[actions], self.state, self.dt
+        dt2 = dt / 2.0
+        k1 = self._dsdt(y0, a)
+        k2 = self._dsdt(y0 + dt2 * k1, a)
+        k3 = self._dsdt(y0 + dt2 * k2, a)
+        k4 = self._dsdt(y0 + dt * k3, a)
+        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        angles = ns[:, :2]
+        for _ in range(2):  # Gymnasium's wrap: subtract (add) the range while above (below); twice covers a step
+            angles = torch.where(angles > math.pi, angles - 2 * math.pi, angles)
+            angles = torch.where(angles < -math.pi, angles + 2 * math.pi, angles)
+        ns = torch.cat([angles, ns[:, 2:3].clamp(-self.max_vel_1, self.max_vel_1),
+                        ns[:, 3:4].clamp(-self.max_vel_2, self.max_vel_2)], dim=1)
+        self.state = ns
+        self.fresh = torch.zeros_like(self.fresh)
+        terminated = -torch.cos(ns[:, 0]) - torch.cos(ns[:, 1] + ns[:, 0]) > 1.0
+        return torch.where(terminated, 0.0, -1.0).to(torch.float32), terminated
+
+    def observe(self) -> Tensor:
+        def obs(s: Tensor) -> Tensor:
+            return torch.stack([s[:, 0].cos(), s[:, 0].sin(), s[:, 1].cos(), s[:, 1].sin(), s[:, 2], s[:, 3]],
+                               dim=1).to(torch.float32)
+
+        # (cos and sin of a float32 reset state in float32, as Gymnasium computes them)
+        return torch.where(self.fresh[:, None], obs(self.state.to(torch.float32)), obs(self.state))
+
+
+TORCH_ENVS: dict[str, type[TorchEnv]] = {c.env_id: c for c in (TorchMountainCar, TorchAcrobot)}

@@ -190,6 +190,11 @@ class Population:
         self._episode = np.zeros(self.P)
         self._length = np.zeros(self.P, dtype=np.int64)
 
+    @property
+    def diverged_at(self) -> np.ndarray:
+        """:attr:`diverged`, as the host knows it (here: always; the device step reads it back now and then)."""
+        return self.diverged
+
     def _build_paths(self) -> None:
         """The implementation's callables (rebuilt after unpickling: compiled code does not pickle)."""
         gamma = float(self.config["gamma"])

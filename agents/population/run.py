@@ -46,6 +46,7 @@ from runlog import RunLogWriteError
 from probes.sb3 import SCALARS
 
 from . import MEMBER_KEYS, checkpointed_groups, members_file, record_members, restarted_since
+from .device import DEVICE_MODES, DevicePopulation, device_refusal
 from .engine import Member, Population, config_refusal, member_q_net
 
 __all__ = ["member_configs", "member_dirs", "train_population", "run_population", "POPULATION"]
@@ -196,7 +197,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
         else:
             run.continue_run(final=("q_net.pt",))
     try:
-        pop = state["pop"] if state else Population(configs[0], members, implementation=implementation, device=device)
+        pop = state["pop"] if state else _engine(configs[0], members, implementation, device)
     except ValueError as err:  # (an env or setting the engine does not take)
         raise ConfigError(str(err)) from None
     seen = state["seen"] if state else [0] * len(members)
@@ -220,29 +221,57 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     loss_every, first_update = max(1, steps // 100), int(configs[0]["learning_starts"]) + 1
     start = time.perf_counter() - (state["wall"] if state else 0.0)
     stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
+    on_device = isinstance(pop, DevicePopulation)
+    ended = [bool(d) for d in pop.diverged_at]  # members whose logs ended (diverged)
+
+    def flush() -> None:
+        """Log the episodes the host has seen since the last call; end the logs of members that diverged."""
+        for m, log in enumerate(logs):
+            if ended[m]:
+                continue
+            end = int(pop.diverged_at[m]) or steps
+            for step, ret, length in pop.episodes[m][seen[m]:]:
+                if step <= end:
+                    log.scalar("episode_return", step, ret)
+                    log.scalar("episode_length", step, length)
+            seen[m] = len(pop.episodes[m])
+            if pop.diverged_at[m]:  # its loss was not finite at that step: the member's run ends there, as a run's
+                at = int(pop.diverged_at[m])
+                log.scalar("loss", at, float(pop.last_losses[m]) if at == pop.num_timesteps else float("nan"))
+                log.runner.log.end(at, "nan")
+                ended[m] = True
+                print(f"{dirs[m]}: the TD loss is not finite at step {at}; the member stopped there", file=sys.stderr)
+
     try:
         with handling(STOP_SIGNALS, lambda signum, frame: stop.append(signum)):
-            while pop.num_timesteps < steps and not stop and not pop.diverged.all():  # (all ended: nothing to do)
+            while pop.num_timesteps < steps and not stop and not all(ended):  # (all ended: nothing to do)
                 if every and pop.num_timesteps % every == 0 and pop.num_timesteps and state is None:
+                    if on_device:
+                        pop.read_back()
+                        flush()
                     _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
                 state = None  # (a resumed run does not rewrite the checkpoint it started from)
-                live = [(m, log) for m, log in enumerate(logs) if not pop.diverged[m]]
-                pop.step(before_store=lambda: [log.probe(pop.num_timesteps) for _, log in live])
+                live = [log for m, log in enumerate(logs) if not ended[m]]
+                probes = lambda: [log.probe(pop.num_timesteps) for log in live]  # noqa: E731
+                pop.step(probes) if on_device else pop.step(before_store=probes)
                 t = pop.num_timesteps
-                for m, log in live:
-                    for step, ret, length in pop.episodes[m][seen[m]:]:
-                        log.scalar("episode_return", step, ret)
-                        log.scalar("episode_length", step, length)
-                    seen[m] = len(pop.episodes[m])
-                    if pop.diverged[m]:  # this step's loss was not finite: the member's run ends here, as a run's
-                        log.scalar("loss", t, float(pop.last_losses[m]))
-                        log.runner.log.end(t, "nan")
-                        print(f"{dirs[m]}: the TD loss is not finite at step {t}; the member stopped there",
-                              file=sys.stderr)
-                    elif t >= first_update and (t % loss_every == 0 or t in (first_update, steps)):
-                        log.scalar("loss", t, float(pop.last_losses[m]))  # as probes.sb3 logs a run's updates
-                        log.scalar("learning_rate", t, members[m].learning_rate)
-        ongoing = [log for m, log in enumerate(logs) if not pop.diverged[m]]
+                loss_step = t >= first_update and (t % loss_every == 0 or t in (first_update, steps))
+                if on_device and loss_step:  # (read now: no member's loss is logged after it diverged)
+                    pop.diverged_at = pop.diverged.cpu().numpy()
+                if t == steps and on_device:
+                    pop.read_back()
+                if not on_device or pop._read_to == t or loss_step:
+                    flush()
+                if loss_step:
+                    losses = pop.last_losses.cpu().tolist()
+                    for m, log in enumerate(logs):
+                        if not ended[m]:
+                            log.scalar("loss", t, losses[m])  # as probes.sb3 logs a run's updates
+                            log.scalar("learning_rate", t, members[m].learning_rate)
+        if on_device:
+            pop.read_back()
+            flush()
+        ongoing = [log for m, log in enumerate(logs) if not ended[m]]
         if stop and pop.num_timesteps < steps:  # checkpoint the step just finished (nothing is lost), mark the
             _checkpoint(path, pop, seen, logs, time.perf_counter() - start)  # logs, exit as a stopped run does
             for log in ongoing:
@@ -258,7 +287,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
             log.runner.log.end(steps, "finished")
     except (RunLogWriteError, RunWriteError):
         for m, log in enumerate(logs):
-            if not pop.diverged[m]:
+            if not ended[m]:
                 with contextlib.suppress(RunLogWriteError):  # the failure itself is being reported
                     log.runner.log.end(pop.num_timesteps, "write_error")
         raise
@@ -268,10 +297,10 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     wall = time.perf_counter() - start
     summaries = []
     for m, (run, d) in enumerate(zip(runs, dirs)):
-        end = int(pop.diverged[m]) or steps
+        end = int(pop.diverged_at[m]) or steps
         returns = [r for step, r, _ in pop.episodes[m] if step <= end]
         k = max(1, int(np.ceil(0.1 * len(returns)))) if returns else 0
-        summary = {"status": "nan" if pop.diverged[m] else "finished", "steps": end, "episodes": len(returns),
+        summary = {"status": "nan" if pop.diverged_at[m] else "finished", "steps": end, "episodes": len(returns),
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
                    "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
                    "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
@@ -279,6 +308,17 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     members_file(path).unlink(missing_ok=True)
     return summaries
+
+
+def _engine(config: Mapping[str, Any], members: Sequence[Member], implementation: str,
+            device: str) -> Population | DevicePopulation:
+    """The engine of ``implementation``: the device step for ``device`` / ``device-compiled`` (and ``auto`` on a
+    CUDA device, compiled, for tasks it runs), else :class:`Population`."""
+    if implementation == "auto" and torch.device(device).type == "cuda" and device_refusal(config, device) is None:
+        implementation = "device-compiled"
+    if implementation in DEVICE_MODES:
+        return DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
+    return Population(config, members, implementation=implementation, device=device)
 
 
 def run_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
