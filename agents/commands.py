@@ -130,6 +130,12 @@ class Population(Protocol):
         """The run folders of each population under ``out`` that a ``--resume`` can continue from its checkpoint,
         in the checkpoint's order (a grid keeps them together whatever its own grouping)."""
 
+    def fits(self, configs: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether these runs fit one population on their device (``population_size: auto`` grids)."""
+
+    def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
+        """A short note on one population of these runs for a grid's plan (its memory and device)."""
+
 
 def population(command: Command) -> Population | None:
     """The command's population engine (its ``population`` attribute), or None."""

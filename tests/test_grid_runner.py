@@ -319,6 +319,29 @@ def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffe
     assert [len(t.runs) for t in tasks(plan(_population_spec(), tmp_path))] == [4, 4]  # no population_size: all
 
 
+def test_population_size_auto_fills_the_devices_memory_and_the_plan_says_so(tmp_path, monkeypatch):
+    from agents.grid import tasks
+    from agents.grid.cli import _population_plan
+    from agents.population import memory
+
+    runs = plan(_population_spec(population_size="auto"), tmp_path)
+    assert [len(t.runs) for t in tasks(runs)] == [4, 4]  # all fit this machine's memory
+    one = max(memory.population_bytes([r.config]) for r in runs)
+    monkeypatch.setattr(memory, "budget", lambda device: 3 * one)  # room for three members of the larger net
+    work = tasks(runs)
+    assert [len(t.runs) for t in work][:2] == [3, 1]  # relu's four: the larger net
+    for t, after in zip(work, work[1:]):  # each fits, and one more member of its kind would not have
+        assert memory.population_bytes([r.config for r in t.runs]) <= 3 * one
+        if after.runs[0].config["act"] == t.runs[0].config["act"]:
+            assert memory.population_bytes([r.config for r in (*t.runs, after.runs[0])]) > 3 * one
+    largest = max(work, key=lambda t: len(t.runs))
+    assert _population_plan(work) == (
+        f"plan: {len(work)} populations of 1-{len(largest.runs)} members, {8 * 600:,} agent-steps; the largest "
+        f"~{memory.population_bytes([r.config for r in largest.runs]) / 2**30:.2f} GiB on cpu")
+    with pytest.raises(Exception, match="population_size must be a positive integer .* or auto"):
+        plan(_population_spec(population_size="most"), tmp_path)
+
+
 def test_population_tasks_group_runs_that_differ_in_their_epsilon_schedules(tmp_path):
     from agents.grid import PopulationTask, tasks
     from agents.population import MEMBER_KEYS

@@ -29,7 +29,8 @@ SIGTERM does the same (exit status 143). With ``--workers`` 2 or more, a signal 
 ``ERROR.txt`` in its run directory) and the others go on; the grid then exits with status 1.
 
 ``engine: population`` (commands with a population engine, :class:`agents.commands.Population`: ``dqn``;
-optionally ``population_size: N``, the most members per population) trains the runs whose configs differ only in
+optionally ``population_size: N``, the most members per population, or ``auto``: as many as fit the device's
+memory) trains the runs whose configs differ only in
 the engine's member keys (for dqn: seed, learning rate, buffer size and epsilon schedule) together, as one population
 in one process: each member's run folder is the one the run would have alone, with the same ``DONE.json``; a
 population stopped or killed continues from its checkpoint with ``--resume``.

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..commands import commands, get_command
+from ..commands import commands, get_command, population
 from ..errors import ConfigError
 from . import worker  # (its _WRITE_FAILED, read once the report is out)
 from .planning import GridRun, PopulationTask, plan, tasks
@@ -27,6 +27,18 @@ def _dry_run(runs: Sequence[GridRun]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
         return 141  # as a program killed by SIGPIPE
     return 0
+
+
+def _population_plan(populations: Sequence[PopulationTask]) -> str:
+    """One line: the populations' sizes, their agent-steps and the largest one's memory (its engine's estimate)."""
+    sizes = sorted(len(t.runs) for t in populations)
+    steps = sum(int(r.config.get("n_timesteps", 0)) for t in populations for r in t.runs)
+    largest = max(populations, key=lambda t: len(t.runs))
+    engine = population(get_command(largest.runs[0].command))
+    about = engine.describe([r.config for r in largest.runs]) if hasattr(engine, "describe") else ""
+    span = f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]}-{sizes[-1]}"
+    return (f"plan: {len(populations)} population{'s' * (len(populations) > 1)} of {span} members, {steps:,} "
+            f"agent-steps" + (f"; the largest ~{about}" if about else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         trained = f"; {sum(len(t.runs) for t in populations)} to train in {len(populations)} population" \
             f"{'s' * (len(populations) > 1)}" if populations else ""
         print(f"{len(runs)} runs, {status['done']} already finished{stale}{trained}", file=sys.stderr)
+        if populations:
+            print(_population_plan(populations), file=sys.stderr)
         report = run_grid(runs, workers=args.workers, backend=args.backend)
     except ConfigError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")

@@ -29,6 +29,7 @@ class PopulationEngine:
     out: Path
     member_keys: tuple[str, ...]
     size: int | None = None
+    by_memory: bool = False  # population_size: auto: as many members as fit the device's memory
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,11 @@ def _population_engine(spec: Mapping[str, Any], command: str, out: Path) -> Popu
         having = [name for name in commands() if population(get_command(name)) is not None]
         raise ConfigError(f"engine: population trains runs of {', '.join(having)} only, not {command}; leave engine "
                           f"out for {command}")
+    if size == "auto":
+        return PopulationEngine(out, tuple(members.member_keys), None, by_memory=True)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise ConfigError(f"population_size must be a positive integer (the most members per population), got "
-                          f"{size!r}")
+        raise ConfigError(f"population_size must be a positive integer (the most members per population) or auto "
+                          f"(as many as fit the device's memory), got {size!r}")
     return PopulationEngine(out, tuple(members.member_keys), size)
 
 
@@ -134,7 +137,8 @@ def _runs(task: Task) -> tuple[GridRun, ...]:
 
 def tasks(runs: Sequence[GridRun]) -> list[Task]:
     """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in their
-    engine's member keys form population tasks (of at most ``population_size`` members), any other run is a task.
+    engine's member keys form population tasks (of at most ``population_size`` members, or as many as fit the device's
+    memory for ``auto``), any other run is a task.
     Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
     are now): a checkpoint all of whose members are still to do is resumed, not orphaned."""
 
@@ -153,12 +157,17 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
             continue
         key = shared(run)
         group = open_groups.get(key)
-        if group is None or len(group) == run.population.size:
+        if group is None or len(group) == run.population.size or \
+                run.population.by_memory and not _fits(run, [*group, run]):
             group = open_groups[key] = []
             out.append(group)
         group.append(run)
     return [t if isinstance(t, GridRun) else
             PopulationTask(tuple(t), t[0].population.out) for t in out]
+
+
+def _fits(run: GridRun, group: Sequence[GridRun]) -> bool:
+    return population(get_command(run.command)).fits([r.config for r in group])
 
 
 def _checkpointed(runs: Sequence[GridRun], shared: Callable[[GridRun], str]) -> list[list[GridRun]]:

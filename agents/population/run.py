@@ -48,6 +48,7 @@ from probes.sb3 import SCALARS
 from . import MEMBER_KEYS, checkpointed_groups, members_file, record_members, restarted_since
 from .device import DEVICE_MODES, DevicePopulation, device_refusal
 from .engine import Member, Population, config_refusal, member_q_net
+from . import memory
 
 __all__ = ["member_configs", "member_dirs", "train_population", "run_population", "POPULATION"]
 
@@ -352,6 +353,14 @@ class DQNPopulation:
 
     def checkpointed(self, out: Path) -> list[list[Path]]:
         return checkpointed_groups(out)
+
+    def fits(self, configs: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether these runs fit one population in their device's memory (:mod:`agents.population.memory`)."""
+        return len(configs) == 1 or memory.population_bytes(configs) <= memory.budget(_device(configs[0]))
+
+    def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
+        """The population's estimated memory and device, for a grid's plan."""
+        return f"{memory.population_bytes(configs) / 2**30:.2f} GiB on {_device(configs[0])}"
 
 
 def _device(config: Mapping[str, Any]) -> str:
