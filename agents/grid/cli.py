@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="continue unfinished runs from their checkpoints (commands that checkpoint: dqn, ppo, "
                              "sac) instead of redoing them; stale runs are redone")
     parser.add_argument("--dry-run", action="store_true", help="list the runs: done, stale (finished or begun "
-                                                                "with another config) or todo")
+                                                                "with another config) or todo; then, for populations, "
+                                                                "the plan (on stderr)")
     parser.add_argument("--axis", action="append", default=[], metavar="KEY=VALUES",
                         help="give KEY these values in every sub-grid, replacing the file's (repeatable; VALUES "
                              "comma-separated, A-B an integer range): --axis seed=0-9 --axis lr=1e-3,3e-4")
@@ -78,13 +79,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"{runs[0].command} writes no checkpoints; --resume is for "
                                   f"{', '.join(n for n in commands() if getattr(get_command(n), 'resumable', False))}")
             runs = [replace(r, resume=True) if r.status == "todo" else r for r in runs]
+        populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"])
+                       if isinstance(t, PopulationTask)]
         if args.dry_run:
-            return _dry_run(runs)
+            status = _dry_run(runs)
+            if populations and status == 0:
+                print(_population_plan(populations), file=sys.stderr)
+            return status
         status = Counter(r.status for r in runs)
         stale = f", {status['stale']} stale (finished or begun with another config: redone)" \
             if status["stale"] else ""
-        populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"])
-                       if isinstance(t, PopulationTask)]
         trained = f"; {sum(len(t.runs) for t in populations)} to train in {len(populations)} population" \
             f"{'s' * (len(populations) > 1)}" if populations else ""
         print(f"{len(runs)} runs, {status['done']} already finished{stale}{trained}", file=sys.stderr)
