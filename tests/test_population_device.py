@@ -53,12 +53,16 @@ def test_counter_draws_are_the_plain_python_hash_and_depend_only_on_their_key():
 
 
 def _pushing(env: str, state: np.ndarray) -> np.ndarray:
-    """A policy that reaches the goal: push with MountainCar's velocity, or with Acrobot's second joint's."""
+    """A policy that reaches the goal: push with MountainCar's velocity, or with Acrobot's second joint's; move
+    Catcher's paddle towards the fruit."""
+    if env == "Catcher-PLE-v0":
+        return np.where(state[:, 2] < state[:, 0], 0, 1)
     return np.where(state[:, 1 if env == "MountainCar-v0" else 3] >= 0, 2, 0)
 
 
-@pytest.mark.parametrize("env, atol, limit", [("MountainCar-v0", 1e-12, 150), ("Acrobot-v1", 0.1, 300)])
-def test_the_tensor_envs_are_the_numpy_ones_on_recorded_actions(env, atol, limit):
+@pytest.mark.parametrize("env, atol, limit, random", [("MountainCar-v0", 1e-12, 150, 100), ("Acrobot-v1", 0.1, 300, 100),
+                                                      ("Catcher-PLE-v0", 0.0, 400, 300)])
+def test_the_tensor_envs_are_the_numpy_ones_on_recorded_actions(env, atol, limit, random):
     """Terminations, truncations and rewards exactly; states to ``atol`` (the device's ``cos`` and squares may
     differ from numpy's in the last bit, which Acrobot's chaotic double pendulum amplifies within an episode: its
     states are also held to 1e-9 over each episode's first 20 steps)."""
@@ -67,20 +71,21 @@ def test_the_tensor_envs_are_the_numpy_ones_on_recorded_actions(env, atol, limit
     ref.rngs = [CounterGenerator(s) for s in seeds]  # the resets the tensor env draws
     tensor_env = TORCH_ENVS[env](torch.tensor(seeds), max_episode_steps=limit)
     np.testing.assert_allclose(tensor_env.reset().numpy(), ref.reset(), rtol=0, atol=1e-6)
-    rng, ends = np.random.default_rng(0), {"terminated": 0, "truncated": 0}
+    rng, ends, rewarded = np.random.default_rng(0), {"terminated": 0, "truncated": 0}, 0
     for t in range(3000):
-        actions = rng.integers(0, 3, 4) if t % 600 < 100 else _pushing(env, ref.state)
+        actions = rng.integers(0, 3, 4) if t % 600 < random else _pushing(env, ref.state)
         a, b = ref.step(actions), tensor_env.step(torch.as_tensor(actions))
         for name in ends:
             assert np.array_equal(getattr(a, name), getattr(b, name).numpy()), (t, name)
             ends[name] += int(getattr(a, name).sum())
+        rewarded += int((a.reward > 0).sum())
         young = ref.elapsed < 20
         np.testing.assert_allclose(tensor_env.state.numpy()[young], ref.state[young], rtol=0, atol=1e-9)
         np.testing.assert_allclose(tensor_env.state.numpy(), ref.state, rtol=0, atol=atol)
         np.testing.assert_allclose(b.obs.numpy(), a.obs, rtol=0, atol=max(atol, 1e-6))
         np.testing.assert_allclose(b.terminal.numpy(), a.terminal, rtol=0, atol=max(atol, 1e-6))
         assert np.array_equal(b.reward.numpy(), a.reward)
-    assert ends["terminated"] > 10 and ends["truncated"] > 0
+    assert ends["terminated"] > 10 and ends["truncated"] > 0 and (env != "Catcher-PLE-v0" or rewarded > 100)
 
 
 def _config(act: str, env: str = "MountainCar-v0") -> dict:
@@ -91,7 +96,7 @@ def _config(act: str, env: str = "MountainCar-v0") -> dict:
 
 MEMBERS = [Member(seed=0, learning_rate=1e-3, buffer_size=1000),
            Member(seed=1, learning_rate=3e-4, buffer_size=200, exploration_final_eps=0.2, exploration_steps=50),
-           Member(seed=2, learning_rate=3e-3, buffer_size=32),
+           Member(seed=2, learning_rate=1e-3, buffer_size=32),  # (a larger rate amplifies rounding chaotically)
            Member(seed=3, learning_rate=1e200, buffer_size=64)]  # diverges: stops, as a run stops
 
 
@@ -105,8 +110,8 @@ def _exact_twin(config: dict, members: list[Member]) -> Population:
     return pop
 
 
-@pytest.mark.parametrize("env, act", [*(("MountainCar-v0", a) for a in ACTS), ("Acrobot-v1", "elephant"),
-                                      ("Acrobot-v1", "relu")])
+@pytest.mark.parametrize("env, act", [*(("MountainCar-v0", a) for a in ACTS), *(
+    (e, a) for e in ("Acrobot-v1", "Catcher-PLE-v0") for a in ("elephant", "relu"))])
 def test_the_device_step_is_the_exact_engine_in_float64(env, act):
     config = _config(act, env)
     exact = _exact_twin(config, MEMBERS)
@@ -150,8 +155,8 @@ def test_each_phase_of_the_step_traces_as_one_graph(act):
 
 
 def test_tasks_without_a_tensor_version_are_refused():
-    config = resolve("dqn", {"env": "Catcher-PLE-v0", "act": "relu"})
-    assert "no tensor version of 'Catcher-PLE-v0'" in device_refusal(config)
+    config = resolve("dqn", {"env": "Pixelcopter-PLE-v0", "act": "relu"})
+    assert "no tensor version of 'Pixelcopter-PLE-v0'" in device_refusal(config)
     with pytest.raises(ValueError, match="no tensor version"):
         DevicePopulation(config, MEMBERS[:1])
 

@@ -17,9 +17,11 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
-from .counter import RESET, uniform
+from agents.envs import catcher as _catcher
 
-__all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TORCH_ENVS", "TorchStep"]
+from .counter import RESET, below, uniform
+
+__all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TorchCatcher", "TORCH_ENVS", "TorchStep"]
 
 
 class TorchStep(NamedTuple):
@@ -40,6 +42,8 @@ class TorchEnv:
     obs_dim: ClassVar[int]
     n_actions: ClassVar[int]
     default_max_steps: ClassVar[int]
+    #: the generator calls a reset makes (each call one counter: its values are the counter's indices)
+    draws_per_reset: ClassVar[int] = 1
 
     def __init__(self, seeds: Tensor, max_episode_steps: int | None = None) -> None:
         self.seeds = seeds.to(torch.int64)
@@ -47,7 +51,7 @@ class TorchEnv:
         self.max_steps = int(max_episode_steps or self.default_max_steps)
         self.state = torch.zeros(self.n, self._state_dim(), dtype=torch.float64, device=self.device)
         self.elapsed = torch.zeros(self.n, dtype=torch.int64, device=self.device)
-        self.resets = torch.zeros(self.n, dtype=torch.int64, device=self.device)  # draws made per copy
+        self.resets = torch.zeros(self.n, dtype=torch.int64, device=self.device)  # generator calls made per copy
 
     def _state_dim(self) -> int:
         raise NotImplementedError
@@ -65,7 +69,7 @@ class TorchEnv:
 
     def reset(self) -> Tensor:
         self.state = self._initial()
-        self.resets = self.resets + 1
+        self.resets = self.resets + self.draws_per_reset
         self.elapsed = torch.zeros_like(self.elapsed)
         return self.observe()
 
@@ -76,7 +80,7 @@ class TorchEnv:
         terminal = self.observe()
         done = terminated | truncated
         self.state = torch.where(done[:, None], self._initial(), self.state)
-        self.resets = self.resets + done
+        self.resets = self.resets + done * self.draws_per_reset
         self.elapsed = torch.where(done, 0, elapsed)
         return TorchStep(self.observe(), reward, terminated, truncated, terminal)
 
@@ -182,4 +186,70 @@ class TorchAcrobot(TorchEnv):
         return torch.where(self.fresh[:, None], obs(self.state.to(torch.float32)), obs(self.state))
 
 
-TORCH_ENVS: dict[str, type[TorchEnv]] = {c.env_id: c for c in (TorchMountainCar, TorchAcrobot)}
+def _collide(a_left: Tensor | float, a_top: Tensor | float, a_w: int, a_h: int, b_left: Tensor | float,
+             b_top: Tensor | float, b_w: int, b_h: int) -> Tensor:
+    """pygame ``Rect.colliderect`` elementwise (:func:`agents.population.envs._collide`)."""
+    return (a_left < b_left + b_w) & (a_left + a_w > b_left) & (a_top < b_top + b_h) & (a_top + a_h > b_top)
+
+
+class TorchCatcher(TorchEnv):
+    """Our PLE Catcher port (:class:`agents.population.envs.BatchedCatcher`): state (paddle centre x, paddle
+    velocity, fruit centre x, fruit centre y, lives). A fruit's respawn takes two generator calls (x, then y)."""
+
+    env_id, obs_dim, n_actions, default_max_steps = "Catcher-PLE-v0", 4, 3, 2000
+    draws_per_reset = 2
+
+    def __init__(self, seeds: Tensor, max_episode_steps: int | None = None) -> None:
+        super().__init__(seeds, max_episode_steps)
+        dev, f64 = self.device, torch.float64
+        self.action_dx = torch.tensor(_catcher.ACTION_DX, dtype=f64, device=dev)
+        self.xs = torch.as_tensor(_catcher.FRUIT_XS, dtype=f64, device=dev)
+        self.ys = torch.as_tensor(_catcher.FRUIT_YS, dtype=f64, device=dev)
+        self.offset = torch.tensor([26.0, 0.0, 26.0, 20.0], dtype=f64, device=dev)
+        self.scale = torch.tensor([26.0, 8.0, 26.0, 45.0], dtype=f64, device=dev)
+
+    def _state_dim(self) -> int:
+        return 5
+
+    def _fruit(self) -> tuple[Tensor, Tensor]:
+        """Every copy's next fruit ``(x, y)`` (generator calls ``resets`` and ``resets + 1``)."""
+        x = self.xs[below(uniform(self.seeds, RESET, self.resets), len(self.xs))]
+        return x, self.ys[below(uniform(self.seeds, RESET, self.resets + 1), len(self.ys))]
+
+    def _initial(self) -> Tensor:
+        x, y = self._fruit()
+        paddle = torch.full_like(x, float(math.trunc(_catcher.PADDLE_START_X)))
+        return torch.stack([paddle, torch.zeros_like(x), x, y, torch.full_like(x, _catcher.INIT_LIVES)], dim=1)
+
+    def _respawn(self, where: Tensor, fx: Tensor, fy: Tensor) -> tuple[Tensor, Tensor]:
+        x, y = self._fruit()
+        self.resets = self.resets + 2 * where
+        return torch.where(where, x, fx), torch.where(where, y, fy)
+
+    def _dynamics(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        c = _catcher
+        px, pv, fx, fy, lives = self.state.unbind(1)
+        missed = fy >= c.HEIGHT
+        lives = lives - missed.to(torch.float64)
+        fx, fy = self._respawn(missed, fx, fy)
+        half = c.FRUIT_SIZE // 2
+        caught = _collide(px - c.PADDLE_WIDTH // 2, c.PADDLE_Y - c.PADDLE_HEIGHT // 2, c.PADDLE_WIDTH,
+                          c.PADDLE_HEIGHT, fx - half, fy - half, c.FRUIT_SIZE, c.FRUIT_SIZE)
+        fx, fy = self._respawn(caught, fx, fy)
+        velocity = (pv + self.action_dx[actions]) * 0.9
+        x = px + velocity
+        left = x <= 0
+        velocity, x = torch.where(left, 0.0, velocity), torch.where(left, 0.0, x)
+        right = x + c.PADDLE_WIDTH >= c.WIDTH
+        velocity, x = torch.where(right, 0.0, velocity), torch.where(right, float(c.PADDLE_MAX_X), x)
+        fy = torch.trunc(fy + c.FRUIT_FALL_SPEED * c.DT_MS)
+        self.state = torch.stack([torch.trunc(x), velocity, fx, fy, lives], dim=1)
+        terminated = lives == 0
+        reward = caught.to(torch.float32) - missed.to(torch.float32)
+        return torch.where(terminated, reward + c.REWARD_LOSS, reward), terminated
+
+    def observe(self) -> Tensor:
+        return ((self.state[:, :4] - self.offset) / self.scale).to(torch.float32)
+
+
+TORCH_ENVS: dict[str, type[TorchEnv]] = {c.env_id: c for c in (TorchMountainCar, TorchAcrobot, TorchCatcher)}
