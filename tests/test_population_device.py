@@ -52,16 +52,21 @@ def test_counter_draws_are_the_plain_python_hash_and_depend_only_on_their_key():
     assert int(below(torch.tensor(1 - 2**-53, dtype=torch.float64), 3)) == 2  # never n, even where u * n rounds up
 
 
-def _pushing(env: str, state: np.ndarray) -> np.ndarray:
+def _pushing(env: str, ref) -> np.ndarray:
     """A policy that reaches the goal: push with MountainCar's velocity, or with Acrobot's second joint's; move
-    Catcher's paddle towards the fruit."""
+    Catcher's paddle towards the fruit; climb when Pixelcopter is nearer the gap's floor than its ceiling."""
+    state = ref.state
     if env == "Catcher-PLE-v0":
         return np.where(state[:, 2] < state[:, 0], 0, 1)
+    if env == "Pixelcopter-PLE-v0":
+        obs = ref.observe()
+        return np.where(obs[:, 2] > obs[:, 3], 0, 1)
     return np.where(state[:, 1 if env == "MountainCar-v0" else 3] >= 0, 2, 0)
 
 
 @pytest.mark.parametrize("env, atol, limit, random", [("MountainCar-v0", 1e-12, 150, 100), ("Acrobot-v1", 0.1, 300, 100),
-                                                      ("Catcher-PLE-v0", 0.0, 400, 300)])
+                                                      ("Catcher-PLE-v0", 0.0, 400, 300),
+                                                      ("Pixelcopter-PLE-v0", 0.0, 40, 100)])
 def test_the_tensor_envs_are_the_numpy_ones_on_recorded_actions(env, atol, limit, random):
     """Terminations, truncations and rewards exactly; states to ``atol`` (the device's ``cos`` and squares may
     differ from numpy's in the last bit, which Acrobot's chaotic double pendulum amplifies within an episode: its
@@ -73,7 +78,7 @@ def test_the_tensor_envs_are_the_numpy_ones_on_recorded_actions(env, atol, limit
     np.testing.assert_allclose(tensor_env.reset().numpy(), ref.reset(), rtol=0, atol=1e-6)
     rng, ends, rewarded = np.random.default_rng(0), {"terminated": 0, "truncated": 0}, 0
     for t in range(3000):
-        actions = rng.integers(0, 3, 4) if t % 600 < random else _pushing(env, ref.state)
+        actions = rng.integers(0, ref.n_actions, 4) if t % 600 < random else _pushing(env, ref)
         a, b = ref.step(actions), tensor_env.step(torch.as_tensor(actions))
         for name in ends:
             assert np.array_equal(getattr(a, name), getattr(b, name).numpy()), (t, name)
@@ -85,7 +90,8 @@ def test_the_tensor_envs_are_the_numpy_ones_on_recorded_actions(env, atol, limit
         np.testing.assert_allclose(b.obs.numpy(), a.obs, rtol=0, atol=max(atol, 1e-6))
         np.testing.assert_allclose(b.terminal.numpy(), a.terminal, rtol=0, atol=max(atol, 1e-6))
         assert np.array_equal(b.reward.numpy(), a.reward)
-    assert ends["terminated"] > 10 and ends["truncated"] > 0 and (env != "Catcher-PLE-v0" or rewarded > 100)
+    assert ends["terminated"] > 10 and ends["truncated"] > 0 and (env not in ("Catcher-PLE-v0", "Pixelcopter-PLE-v0")
+                                                                  or rewarded > 100)
 
 
 def _config(act: str, env: str = "MountainCar-v0") -> dict:
@@ -111,7 +117,7 @@ def _exact_twin(config: dict, members: list[Member]) -> Population:
 
 
 @pytest.mark.parametrize("env, act", [*(("MountainCar-v0", a) for a in ACTS), *(
-    (e, a) for e in ("Acrobot-v1", "Catcher-PLE-v0") for a in ("elephant", "relu"))])
+    (e, a) for e in ("Acrobot-v1", "Catcher-PLE-v0", "Pixelcopter-PLE-v0") for a in ("elephant", "relu"))])
 def test_the_device_step_is_the_exact_engine_in_float64(env, act):
     config = _config(act, env)
     exact = _exact_twin(config, MEMBERS)
@@ -139,13 +145,14 @@ def test_a_member_equals_a_population_of_one():
     assert alone.episodes[0] == pop.episodes[1]
 
 
-@pytest.mark.parametrize("act", ["elephant", "maxout"])
-def test_each_phase_of_the_step_traces_as_one_graph(act):
+@pytest.mark.parametrize("act, env", [("elephant", "MountainCar-v0"), ("maxout", "MountainCar-v0"),
+                                      *(("relu", e) for e in ("Acrobot-v1", "Catcher-PLE-v0", "Pixelcopter-PLE-v0"))])
+def test_each_phase_of_the_step_traces_as_one_graph(act, env):
     """The proxy that a step needs no host synchronisation: Dynamo traces act, env step, store, sample and update
     without a graph break (``fullgraph=True`` would refuse one)."""
     import torch._dynamo as dynamo
 
-    config = _config(act)
+    config = _config(act, env)
     pop = DevicePopulation(config, MEMBERS[:2], compile=True)
     pop._act, pop._update = pop.act_phase, pop.update_phase  # (the warm-up eagerly: no compile in the test)
     pop.learn(config["learning_starts"] + 2)
@@ -154,7 +161,10 @@ def test_each_phase_of_the_step_traces_as_one_graph(act):
         assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
-def test_tasks_without_a_tensor_version_are_refused():
+def test_tasks_without_a_tensor_version_are_refused(monkeypatch):
+    from agents.population import device
+
+    monkeypatch.setattr(device, "TORCH_ENVS", {k: v for k, v in TORCH_ENVS.items() if k != "Pixelcopter-PLE-v0"})
     config = resolve("dqn", {"env": "Pixelcopter-PLE-v0", "act": "relu"})
     assert "no tensor version of 'Pixelcopter-PLE-v0'" in device_refusal(config)
     with pytest.raises(ValueError, match="no tensor version"):

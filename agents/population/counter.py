@@ -100,6 +100,8 @@ class CounterGenerator:
         u = self.random(size)
         return low + (high - low) * u
 
-    def integers(self, n: int) -> int:
-        """An integer in ``[0, n)``: :func:`below` of the call's uniform."""
-        return int(below(torch.tensor(self.random()), n))
+    def integers(self, low: int, high: int | None = None) -> int:
+        """An integer in ``[low, high)`` (``[0, low)`` without ``high``): ``low +`` :func:`below` of the call's
+        uniform."""
+        low, high = (0, low) if high is None else (low, high)
+        return low + int(below(torch.tensor(self.random(), dtype=torch.float64), high - low))

@@ -1,9 +1,10 @@
 """Tasks stepped as tensors on the population's device: ``n`` copies in one call, with no host round trip.
 
 Each is its numpy twin in :mod:`agents.population.envs` (the same float64 arithmetic in the same order; the device's
-``cos`` may differ from numpy's in the last bit, so states agree to float tolerance and discrete outcomes exactly on
-recorded action sequences: tests/test_population_device.py), with its resets drawn by counter
-(:func:`agents.population.counter.uniform`, stream ``RESET``, the copy's ``k``-th reset) rather than from a numpy
+``cos`` and ``sin`` may differ from numpy's in the last bit, so MountainCar's and Acrobot's states agree to float
+tolerance, Catcher's and Pixelcopter's bit for bit, and discrete outcomes exactly on recorded action sequences:
+tests/test_population_device.py), with its resets and random events drawn by counter
+(:func:`agents.population.counter.uniform`, stream ``RESET``, the copy's ``k``-th generator call) rather than from a numpy
 generator, so that the numpy twin reproduces them with :class:`agents.population.counter.CounterGenerator`.
 :meth:`TorchEnv.step` resets finished copies at once and returns the observation each ended in, as
 :meth:`agents.population.envs.BatchedEnv.step`.
@@ -18,10 +19,12 @@ import torch
 from torch import Tensor
 
 from agents.envs import catcher as _catcher
+from agents.envs import pixelcopter as _copter
 
 from .counter import RESET, below, uniform
 
-__all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TorchCatcher", "TORCH_ENVS", "TorchStep"]
+__all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TorchCatcher", "TorchPixelcopter", "TORCH_ENVS",
+           "TorchStep"]
 
 
 class TorchStep(NamedTuple):
@@ -67,9 +70,13 @@ class TorchEnv:
     def observe(self) -> Tensor:
         return self.state.to(torch.float32)
 
+    def _reset_where(self, done: Tensor) -> None:
+        """Reset the copies where ``done`` (their next reset state; the generator calls it took)."""
+        self.state = torch.where(done[:, None], self._initial(), self.state)
+        self.resets = self.resets + done * self.draws_per_reset
+
     def reset(self) -> Tensor:
-        self.state = self._initial()
-        self.resets = self.resets + self.draws_per_reset
+        self._reset_where(torch.ones(self.n, dtype=torch.bool, device=self.device))
         self.elapsed = torch.zeros_like(self.elapsed)
         return self.observe()
 
@@ -79,8 +86,7 @@ class TorchEnv:
         truncated = (elapsed >= self.max_steps) & ~terminated
         terminal = self.observe()
         done = terminated | truncated
-        self.state = torch.where(done[:, None], self._initial(), self.state)
-        self.resets = self.resets + done * self.draws_per_reset
+        self._reset_where(done)
         self.elapsed = torch.where(done, 0, elapsed)
         return TorchStep(self.observe(), reward, terminated, truncated, terminal)
 
@@ -252,4 +258,156 @@ class TorchCatcher(TorchEnv):
         return ((self.state[:, :4] - self.offset) / self.scale).to(torch.float32)
 
 
-TORCH_ENVS: dict[str, type[TorchEnv]] = {c.env_id: c for c in (TorchMountainCar, TorchAcrobot, TorchCatcher)}
+class TorchPixelcopter(TorchEnv):
+    """Our PLE Pixelcopter port (:class:`agents.population.envs.BatchedPixelcopter`, whose layout it keeps): state
+    (player y, velocity, lives); gates in ``gate_x``, ``gate_y`` ``(n, 2)`` (``n_gates``, oldest first), terrain
+    columns in ``terrain_x``, ``terrain_y`` ``(n, terrain_slots)`` (``n_terrain``, in creation order), empty slots at
+    x = ``far``. The gate events the numpy env runs per copy (a gate passed or scrolled out, at most two gates) are
+    written out case by case as selections. Generator calls: a new gate two (x, y), a terrain batch two (its
+    frequency, then its phases by index); a reset four (a gate, then a batch)."""
+
+    env_id, obs_dim, n_actions, default_max_steps = "Pixelcopter-PLE-v0", 7, 2, 500
+    draws_per_reset = 4
+    c = _copter
+    scroll = c.SPEED * c.DT_MS
+    terrain_batch = c.WIDTH * 4 // c.TERRAIN_WIDTH
+    terrain_slots = c.TERRAIN_MIN_COLUMNS + terrain_batch + 2
+    far = 1e9
+    player_left, player_size = c.PLAYER_X - c.PLAYER_RECT_SIZE // 2, c.PLAYER_RECT_SIZE
+    hit_from = player_left - (c.TERRAIN_WIDTH - c.TERRAIN_WIDTH // 2) + 1
+
+    def __init__(self, seeds: Tensor, max_episode_steps: int | None = None) -> None:
+        super().__init__(seeds, max_episode_steps)
+        dev, f64, n = self.device, torch.float64, self.n
+        self.accel = torch.tensor([self.c.CLIMB_ACCEL * self.c.DT_MS, self.c.FALL_ACCEL * self.c.DT_MS], dtype=f64,
+                                  device=dev)
+        self.gate_x, self.gate_y = torch.full((n, 2), self.far, dtype=f64, device=dev), torch.zeros(n, 2, dtype=f64,
+                                                                                                    device=dev)
+        self.n_gates = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.terrain_x = torch.full((n, self.terrain_slots), self.far, dtype=f64, device=dev)
+        self.terrain_y = torch.zeros(n, self.terrain_slots, dtype=f64, device=dev)
+        self.n_terrain = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.slots = torch.arange(self.terrain_slots, device=dev)
+
+    def _state_dim(self) -> int:
+        return 3
+
+    def _initial(self) -> Tensor:
+        start = torch.tensor([self.c.PLAYER_START_Y, 0.0, 1.0], dtype=torch.float64, device=self.device)
+        return start.expand(self.n, 3)
+
+    def _new_gate(self, call: Tensor) -> tuple[Tensor, Tensor]:
+        """Every copy's new gate ``(x, y)`` from generator calls ``call`` and ``call + 1``."""
+        c = self.c
+        x = c.WIDTH + below(uniform(self.seeds, RESET, call), int(c.WIDTH * 1.5) - c.WIDTH)
+        low, high = int(c.HEIGHT * 0.25), int(c.HEIGHT * 0.75)
+        y = low + below(uniform(self.seeds, RESET, call + 1), high - low)
+        return x.to(torch.float64), y.to(torch.float64)
+
+    def _add_terrain(self, where: Tensor, start: int, end: int, call: Tensor) -> None:
+        """Append a batch of columns to the copies ``where`` (generator calls ``call``: the frequency, ``call + 1``:
+        the phases by index), as ``PixelcopterEnv._add_terrain``."""
+        c = self.c
+        centres = torch.arange(start + c.TERRAIN_WIDTH // 2, end + c.TERRAIN_WIDTH // 2, c.TERRAIN_WIDTH,
+                               dtype=torch.float64, device=self.device)
+        freq = 4.5 / c.WIDTH + (-0.01 + (0.01 - -0.01) * uniform(self.seeds, RESET, call))
+        index = torch.arange(len(centres), device=self.device)
+        phases = 0.0 + (0.5 - 0.0) * uniform(self.seeds[:, None], RESET, call[:, None] + 1, index[None])
+        jitter = (c.HEIGHT * 0.125) * torch.sin(freq[:, None] * centres[None] + phases)
+        heights = torch.trunc(c.HEIGHT / 2.0 + jitter)
+        at = self.slots[None] - self.n_terrain[:, None]  # (n, slots): the batch's column for each slot
+        put = where[:, None] & (at >= 0) & (at < len(centres))
+        at = at.clamp(0, len(centres) - 1)
+        self.terrain_x = torch.where(put, centres[at], self.terrain_x)
+        self.terrain_y = torch.where(put, heights.gather(1, at), self.terrain_y)
+        self.n_terrain = self.n_terrain + where * len(centres)
+
+    def _reset_where(self, done: Tensor) -> None:
+        super()._reset_where(torch.zeros_like(done))  # (the state; the calls are counted here)
+        self.state = torch.where(done[:, None], self._initial(), self.state)
+        x, y = self._new_gate(self.resets)
+        self.gate_x = torch.where(done[:, None], torch.stack([x, torch.full_like(x, self.far)], 1), self.gate_x)
+        self.gate_y = torch.where(done[:, None], torch.stack([y, self.gate_y[:, 1]], 1), self.gate_y)
+        self.n_gates = torch.where(done, 1, self.n_gates)
+        self.terrain_x = torch.where(done[:, None], self.far, self.terrain_x)
+        self.n_terrain = torch.where(done, 0, self.n_terrain)
+        self._add_terrain(done, 0, self.c.WIDTH * 4, self.resets + 2)
+        self.resets = self.resets + done * self.draws_per_reset
+
+    def _columns_at_player(self, top: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.c
+        first = (self.terrain_x < self.hit_from).sum(1, keepdim=True)
+        slots = first + torch.arange(2, device=self.device)[None]
+        x, y = self.terrain_x.gather(1, slots), self.terrain_y.gather(1, slots)
+        hits = _collide(self.player_left, top, self.player_size, self.player_size, torch.trunc(x) - c.TERRAIN_WIDTH // 2,
+                        y - c.TERRAIN_RECT_HEIGHT // 2, c.TERRAIN_WIDTH, c.TERRAIN_RECT_HEIGHT)
+        return y, hits
+
+    def _gate_events(self) -> Tensor:
+        """``PixelcopterEnv.step``'s gate loop over the (at most two) gates, oldest first; the reward for passing."""
+        c, far = self.c, self.far
+        (x0, x1), (y0, y1), count = self.gate_x.unbind(1), self.gate_y.unbind(1), self.n_gates
+        passed0 = (count == 1) & (x0 <= c.PLAYER_X)  # the first gate: passed while alone (a new one is added)
+        nx, ny = self._new_gate(self.resets)
+        self.resets = self.resets + 2 * passed0
+        bx, by, n = torch.where(passed0, nx, x1), torch.where(passed0, ny, y1), count + passed0
+        gone0 = x0 <= -c.BLOCK_WIDTH  # the first gate scrolled out
+        ax, ay = torch.where(gone0, bx, x0), torch.where(gone0, by, y0)
+        bx, by, n = torch.where(gone0, far, bx), torch.where(gone0, 0.0, by), n - gone0.long()
+        second = count == 2  # the second gate of the list the loop began with
+        passed1 = second & (x1 <= c.PLAYER_X) & (n == 1)
+        nx, ny = self._new_gate(self.resets)
+        self.resets = self.resets + 2 * passed1
+        bx, by, n = torch.where(passed1, nx, bx), torch.where(passed1, ny, by), n + passed1
+        gone1 = second & (x1 <= -c.BLOCK_WIDTH)  # it sits first if the first gate went, else second
+        ax, ay = torch.where(gone1 & gone0, bx, ax), torch.where(gone1 & gone0, by, ay)
+        bx, by = torch.where(gone1, far, bx), torch.where(gone1, 0.0, by)
+        self.gate_x, self.gate_y, self.n_gates = torch.stack([ax, bx], 1), torch.stack([ay, by], 1), n - gone1.long()
+        return (passed0 | passed1).to(torch.float32)
+
+    def _dynamics(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.c
+        y, v, lives = self.state.unbind(1)
+        v = (v + self.accel[actions]) * c.MOMENTUM_DECAY
+        y = y + v
+        top = torch.trunc(y)[:, None] - self.player_size // 2
+        self.gate_x = self.gate_x - self.scroll
+        self.terrain_x = self.terrain_x - self.scroll
+        gate_hits = _collide(self.player_left, top, self.player_size, self.player_size,
+                             torch.trunc(self.gate_x) - c.BLOCK_WIDTH // 2, self.gate_y - c.BLOCK_HEIGHT // 2,
+                             c.BLOCK_WIDTH, c.BLOCK_HEIGHT)
+        column_y, hits = self._columns_at_player(top)
+        ceiling = (y - c.PLAYER_HEIGHT)[:, None] <= column_y - c.TERRAIN_GAP_HALF
+        floor = y[:, None] >= column_y + c.TERRAIN_GAP_HALF
+        lives = lives - (gate_hits.sum(1) + (hits & ceiling).sum(1) + (hits & floor).sum(1) + (y < c.SCREEN_TOP)
+                         + (y > c.SCREEN_BOTTOM))
+        self.state = torch.stack([y, v, lives], 1)
+        reward = self._gate_events()
+        gone = self.terrain_x[:, 0] <= -c.TERRAIN_WIDTH  # (one column at most, the first)
+        shifted = lambda t, empty: torch.cat([t[:, 1:], torch.full_like(t[:, :1], empty)], 1)  # noqa: E731
+        self.terrain_x = torch.where(gone[:, None], shifted(self.terrain_x, self.far), self.terrain_x)
+        self.terrain_y = torch.where(gone[:, None], shifted(self.terrain_y, 0.0), self.terrain_y)
+        self.n_terrain = self.n_terrain - gone.long()
+        reward = reward + gone
+        refill = self.n_terrain <= c.TERRAIN_MIN_COLUMNS
+        self._add_terrain(refill, c.WIDTH, c.WIDTH * 5, self.resets)
+        self.resets = self.resets + 2 * refill
+        terminated = lives <= 0
+        return torch.where(terminated, reward + c.REWARD_LOSS, reward).to(torch.float32), terminated
+
+    def observe(self) -> Tensor:
+        c, y = self.c, self.state[:, 0]
+        column_y, hits = self._columns_at_player(torch.trunc(y)[:, None] - self.player_size // 2)
+        column_y = torch.where(hits[:, 0], column_y[:, 0], column_y[:, 1])
+        nearest = (self.terrain_x - c.PLAYER_X).abs().argmin(1, keepdim=True)
+        column_y = torch.where(hits.any(1), column_y, self.terrain_y.gather(1, nearest)[:, 0])
+        ahead = self.gate_x - c.PLAYER_X
+        gate = torch.where((0 < ahead) & (ahead < c.NO_GATE_DIST), self.gate_x, math.inf).argmin(1, keepdim=True)
+        gate_y, ahead = self.gate_y.gather(1, gate)[:, 0], ahead.gather(1, gate)[:, 0]
+        return torch.stack([y, self.state[:, 1], y - (column_y - c.TERRAIN_GAP_HALF),
+                            (column_y + c.TERRAIN_GAP_HALF) - y, ahead, gate_y, gate_y + c.BLOCK_HEIGHT],
+                           1).to(torch.float32)
+
+
+TORCH_ENVS: dict[str, type[TorchEnv]] = {c.env_id: c for c in (TorchMountainCar, TorchAcrobot, TorchCatcher,
+                                                                TorchPixelcopter)}
