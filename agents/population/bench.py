@@ -10,8 +10,9 @@ a population), the ratio to SB3 and where a population's time went (acting, env,
 :data:`agents.population.engine.IMPLEMENTATIONS` asked for (the compile of "compiled" happens in the untimed
 warm-up and is reported apart), with the allocator set as training sets it (:mod:`agents.allocator`), and for the
 device step (:mod:`agents.population.device`: ``device``, eager; ``device-compiled``, both phases through
-``torch.compile``). ``--device cuda`` runs SB3 and the populations on the GPU and adds the GPU's busy share (kernel
-time over wall time, from the profiler, over 20 steps) and the peak GPU memory per member. Memory per member is the
+``torch.compile``). SB3's DQN runs on the CPU (one thread, as a single run trains fastest); ``--device cuda`` runs
+the populations on the GPU and adds the GPU's busy share (kernel time over wall time, from the profiler, over 20
+steps) and the peak GPU memory per member. Memory per member is the
 population's own tensors (parameters, optimiser state, replay) over P. Do not run it while a study runs on the same
 cores.
 """
@@ -67,7 +68,7 @@ def _gpu_busy(pop: Any, steps: int = 20) -> float:
         pop.learn(steps)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    busy_us = sum(e.device_time_total for e in prof.key_averages())
+    busy_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages())  # (each kernel once)
     return busy_us / 1e6 / wall
 
 
@@ -112,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="timed env steps (per member)")
     parser.add_argument("--implementations", default="compiled,batched",
                         help="comma-separated, of " + ", ".join((*IMPLEMENTATIONS[1:], *DEVICE_MODES)))
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (SB3 and the populations)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: the populations' device (SB3 runs on the CPU)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     retain_freed_memory()  # as training runs set it (SB3's and the populations'), before either is measured
     config = resolve("dqn", {"env": args.env, "act": args.act, "device": args.device})
-    before = sb3_rate(config, args.steps)
+    sb3_config = {**config, "device": "cpu"}
+    before = sb3_rate(sb3_config, args.steps)
     print(f"SB3 DQN {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
     rows = []
     for impl in args.implementations.split(","):
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", GPU busy {extra['gpu_busy']:.0%}, peak {extra['peak_mb_per_member']:.2f} MB/member"
                      if "gpu_busy" in extra else "")
                   + f" (warm-up incl. any compile {warmup:.0f} s)", file=sys.stderr)
-    after = sb3_rate(config, args.steps)  # again: the machine's speed may have drifted meanwhile
+    after = sb3_rate(sb3_config, args.steps)  # again: the machine's speed may have drifted meanwhile
     base = (before + after) / 2
     print(f"SB3 DQN again: {after:,.0f} env steps/s; ratios to their mean, {base:,.0f}:", file=sys.stderr)
     for row in rows:
