@@ -219,3 +219,21 @@ def test_a_killed_device_population_resumes_to_the_uninterrupted_result(tmp_path
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
     ends = {read_run(a).config["learning_rate"]: read_run(a).scalars["run_end"] for a in logs}
     assert ends[1e200][0][0] > 200 and ends[1e-3][0][0] == 600 and len(read_run(logs[0]).scalars["episode_return"][0])
+
+
+def test_population_engine_chooses_the_device_step_from_the_cli_and_only_for_populations(tmp_path, capsys):
+    from agents.train import main
+    from runlog import read_run
+
+    flags = ["--env", "MountainCar-v0", "--act", "relu", "--steps", "300", "--set", "learning_starts=100",
+             "--set", "hidden=[16]", "--set", "population_engine=device", "--no-progress", "--out", str(tmp_path)]
+    assert main(["dqn", "--seeds", "0-1", *flags]) == 0
+    assert "2 runs as one population" in capsys.readouterr().err
+    logs = sorted(tmp_path.rglob("run.h5"))
+    assert len(logs) == 2 and all("population_engine=device" in str(p) for p in logs)  # results differ: own folders
+    assert all(read_run(p).attrs["engine"] == "population:device" for p in logs)
+    assert main(["dqn", *flags]) == 2
+    assert "population_engine=device is for populations" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["rainbow", "--env", "CartPole-v1", "--set", "population_engine=device", "--out", str(tmp_path)])
+    assert "rainbow trains no populations" in capsys.readouterr().err

@@ -315,7 +315,8 @@ def _engine(config: Mapping[str, Any], members: Sequence[Member], implementation
             device: str) -> Population | DevicePopulation:
     """The engine of ``implementation``: the device step for ``device`` / ``device-compiled`` (and ``auto`` on a
     CUDA device, compiled, for tasks it runs), else :class:`Population`."""
-    if implementation == "auto" and torch.device(device).type == "cuda" and device_refusal(config, device) is None:
+    if implementation == "auto" and config.get("population_engine", "auto") == "auto" and \
+            torch.device(device).type == "cuda" and device_refusal(config, device) is None:
         implementation = "device-compiled"
     if implementation in DEVICE_MODES:
         return DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
@@ -343,13 +344,16 @@ class DQNPopulation:
         shared = [{k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} for c in configs]
         if any(s != shared[0] for s in shared[1:]):
             return f"population members may differ in {', '.join(MEMBER_KEYS)} only"
+        if _implementation(configs[0]) in DEVICE_MODES:
+            return device_refusal(configs[0], _device(configs[0]))
         return config_refusal(configs[0], _device(configs[0]))
 
     def train(self, runs: Sequence[RunFolder], out: Path) -> list[dict[str, Any]]:
         threads = runs[0].config.get("torch_threads")
         torch.set_num_threads(1 if threads is None else int(threads))  # (small networks: one thread is fastest)
         members = [Member(*(run.config[k] for k in MEMBER_KEYS)) for run in runs]
-        return train_population(runs, members, out, device=_device(runs[0].config))
+        return train_population(runs, members, out, implementation=_implementation(runs[0].config),
+                                device=_device(runs[0].config))
 
     def checkpointed(self, out: Path) -> list[list[Path]]:
         return checkpointed_groups(out)
@@ -361,6 +365,13 @@ class DQNPopulation:
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """The population's estimated memory and device, for a grid's plan."""
         return f"{memory.population_bytes(configs) / 2**30:.2f} GiB on {_device(configs[0])}"
+
+
+def _implementation(config: Mapping[str, Any]) -> str:
+    """The engine the config's ``population_engine`` names (``exact``: the population engine, its ``auto``
+    implementation)."""
+    engine = config.get("population_engine", "auto")
+    return "auto" if engine == "exact" else engine
 
 
 def _device(config: Mapping[str, Any]) -> str:

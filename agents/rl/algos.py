@@ -109,6 +109,8 @@ def _rainbow_network(config: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[
 
 
 def _rainbow_check(config: Mapping[str, Any]) -> str | None:
+    if config.get("population_engine", "auto") != "auto":
+        return "population_engine is for dqn: rainbow trains no populations"
     if config.get("prioritized") and config.get("n_envs", 1) > 1:
         return f"prioritized replay takes one env (n_envs=1, got {config['n_envs']}); set prioritized=false for more"
     if config.get("distributional") and not config.get("v_min", -1) < config.get("v_max", 1):

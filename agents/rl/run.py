@@ -23,7 +23,7 @@ from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from agents.allocator import retain_freed_memory
-from agents.errors import RunWriteError
+from agents.errors import ConfigError, RunWriteError
 from agents.lifecycle import RunFolder, open_runs
 from agents.runfolder import OUTPUT_KEYS
 from interference.nets import count_parameters
@@ -233,6 +233,9 @@ def train_run(run: RunFolder) -> dict[str, Any]:
     """
     retain_freed_memory()
     config, run_dir = run.config, run.path
+    if config.get("population_engine", "auto") not in ("auto", "exact"):
+        raise ConfigError(f"population_engine={config['population_engine']} is for populations (dqn --seeds or a grid "
+                          "with engine: population that the population engine takes); a single run trains with SB3")
     planned: list[tuple[int, int]] = []  # a resumed run's (replay, peak), checked before its checkpoint is read
 
     def check_resumed_memory() -> None:

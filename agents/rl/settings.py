@@ -105,6 +105,10 @@ class DQNSettings(OffPolicy):
     n_steps: int = _s(c.integer(1), "n-step returns")
     replay: str = _s(c.choice("full", "frames"), "replay storage: full (SB3's buffers, whole observations) or frames "
                                                  "(stacked pixel frames stored once; Atari at 1e6 transitions)")
+    population_engine: str = _s(c.choice("auto", "exact", "device", "device-compiled"),
+                                "how --seeds and population grids train: exact (numpy draws: a member is SB3's run "
+                                "of its seed), device or device-compiled (the device step, counter draws), auto "
+                                "(device-compiled on CUDA, else exact)")
 
 
 @dataclass
