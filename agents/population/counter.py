@@ -41,22 +41,41 @@ def _mix(x: Tensor) -> Tensor:
 
 
 def uniform(seed: Tensor, stream: int, counter: Tensor | int, index: Tensor | int = 0) -> Tensor:
-    """Uniforms in [0, 1), float64, of the broadcast keys: ``seed`` (< 2^32), ``stream``, ``counter`` (< 2^63) and
-    ``index`` (< 2^32) int64 tensors or ints."""
-    h = _mix(torch.as_tensor(seed, dtype=torch.int64) + 0x9E3779B9)
-    h = _mix(h ^ stream)
-    counter = torch.as_tensor(counter, dtype=torch.int64, device=h.device)
-    h = _mix(h ^ (counter & _M32))
-    h = _mix(h ^ (counter >> 32))
-    h = _mix(h ^ torch.as_tensor(index, dtype=torch.int64, device=h.device))
-    a, b = _mix(h ^ 0x85EBCA6B) >> 5, _mix(h ^ 0xC2B2AE35) >> 6  # 27 and 26 bits
+    """Uniforms in [0, 1), float64, of the broadcast keys: ``seed`` (< 2^32, an int64 tensor), ``stream``,
+    ``counter`` (< 2^63) and ``index`` (< 2^32), int64 tensors or Python ints (used as they are: no tensor is made
+    of them, so no host-to-device copy). Each key word is hashed before it joins the state, so two seeds' streams
+    share values only by chance (a plain XOR of the words would make one seed's stream another's, reordered). The
+    values lie on the 2^-53 grid but come from a 32-bit state: at most 2^32 distinct values."""
+    h = _mix(seed + 0x9E3779B9)
+    for word, salt in ((stream, 0x85EBCA6B), (counter & _M32, 0xC2B2AE35), (counter >> 32, 0x27D4EB2F),
+                       (index, 0x165667B1)):
+        h = _mix(h ^ _mix_word(word, salt))
+    a, b = _mix(h ^ 0x68E31DA4) >> 5, _mix(h ^ 0xB5297A4D) >> 6  # 27 and 26 bits
     return (a * 67108864 + b).to(torch.float64) * (1.0 / 9007199254740992.0)
 
 
+def _mix_word(word: Tensor | int, salt: int) -> Tensor | int:
+    """``_mix(word + salt)``: on a tensor, or in Python for an int (then a Python int, which tensors take as is)."""
+    if isinstance(word, Tensor):
+        return _mix(word + salt)
+    return _lowbias32(word + salt)
+
+
+def _lowbias32(x: int) -> int:
+    """:func:`_mix` in Python integers."""
+    x &= _M32
+    x ^= x >> 16
+    x = x * 0x7FEB352D & _M32
+    x ^= x >> 15
+    x = x * 0x846CA68B & _M32
+    return x ^ (x >> 16)
+
+
 def below(u: Tensor, n: Tensor | int) -> Tensor:
-    """``floor(u * n)`` as int64, at most ``n - 1`` (``u`` from :func:`uniform`)."""
-    n = torch.as_tensor(n, device=u.device)
-    return torch.minimum((u * n).to(torch.int64), n - 1)
+    """``floor(u * n)`` as int64, at most ``n - 1`` (``u`` from :func:`uniform`; ``n`` a tensor or a Python int)."""
+    if isinstance(n, Tensor):
+        return torch.minimum((u * n).to(torch.int64), n - 1)
+    return (u * n).to(torch.int64).clamp(max=n - 1)
 
 
 class CounterDraws:

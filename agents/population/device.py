@@ -100,6 +100,8 @@ class DevicePopulation:
         self.clock = torch.zeros((), dtype=torch.int64, device=dev)  # the same count on the device
         self.diverged = torch.zeros(self.P, dtype=torch.int64, device=dev)  # step of a non-finite loss; 0: none
         self.diverged_at = np.zeros(self.P, dtype=np.int64)  # the same, as of the last read-back
+        self.diverged_loss = torch.zeros(self.P, dtype=self.dtype, device=dev)  # the loss it diverged with
+        self.diverged_loss_at = np.zeros(self.P)  # the same, as of the last read-back
         self.readback = int(readback)
         self._return = torch.zeros(self.P, dtype=torch.float64, device=dev)
         self._length = torch.zeros(self.P, dtype=torch.int64, device=dev)
@@ -120,12 +122,13 @@ class DevicePopulation:
         # compiled: the form Inductor fuses (plain ops, which torch.func and Dynamo trace); eager: fused kernels
         self.forward = _batched_forward(self.base, compiled=self.compiled)
         self._act, self._update = self.act_phase, self.update_phase
+        self._compiled_ok: set[str] = set()
         if self.compiled:
             self._act = torch.compile(self.act_phase, fullgraph=True, dynamic=False)
             self._update = torch.compile(self.update_phase, fullgraph=True, dynamic=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("forward", "_act", "_update")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("forward", "_act", "_update", "_compiled_ok")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -146,7 +149,7 @@ class DevicePopulation:
         if explore_only:
             actions = random_actions
         else:
-            frac = ((t - self.config["learning_starts"]) / self.eps_steps.clamp(min=1)).clamp(0.0, 1.0)
+            frac = ((t - self.config["learning_starts"]).double() / self.eps_steps.clamp(min=1).double()).clamp(0.0, 1.0)
             frac = torch.where(self.eps_steps == 0, 1.0, frac)
             eps = self.eps_initial + frac * (self.eps_final - self.eps_initial)
             with torch.no_grad():
@@ -195,7 +198,9 @@ class DevicePopulation:
                 grads = dict(zip(params, torch.autograd.grad(total, list(params.values()))))
             losses = losses.detach()
         finite = torch.isfinite(losses)
-        self.diverged = torch.where(~finite & (self.diverged == 0), self.clock, self.diverged)
+        newly = ~finite & (self.diverged == 0)
+        self.diverged = torch.where(newly, self.clock, self.diverged)
+        self.diverged_loss = torch.where(newly, losses, self.diverged_loss)
         self.lr = torch.where(finite, self.lr, 0.0)
         names = list(self.params)
         grads = [torch.where(finite.view(-1, *([1] * (grads[k].dim() - 1))), grads[k], 0.0) for k in names]
@@ -203,6 +208,21 @@ class DevicePopulation:
                  self.eps)
         self.last_losses = losses.detach()
         return self.last_losses
+
+    def _phase(self, name: str, *args: Any) -> None:
+        """Run a phase; the first compiled call of each names the cause if ``torch.compile`` fails there (no C++
+        compiler or Triton, say) rather than ending in the compiler's traceback."""
+        fn = self._act if name == "act" else self._update
+        if not self.compiled or name in self._compiled_ok:
+            fn(*args)
+            return
+        try:
+            fn(*args)
+        except Exception as err:  # Inductor's failures have many types; the first call is where they show
+            raise RuntimeError(f"implementation 'device-compiled': torch.compile failed in the {name} phase "
+                               f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); use "
+                               "'device'") from err
+        self._compiled_ok.add(name)
 
     def copy_target(self) -> None:
         for k, v in self.params.items():
@@ -215,14 +235,14 @@ class DevicePopulation:
         ``after_store`` is called after the transition is stored (probes: they see it in the replay buffer, where a
         single run's callbacks run just before the store)."""
         t, starts = self.num_timesteps, self.config["learning_starts"]
-        self._act(t < starts)
+        self._phase("act", t < starts)
         self.num_timesteps = t = t + 1
         if after_store is not None:
             after_store()
         if t % self.config["target_update_interval"] == 0:
             self.copy_target()
         if t > starts:
-            self._update()
+            self._phase("update")
         if t - self._read_to == self.readback:
             self.read_back()
 
@@ -238,6 +258,7 @@ class DevicePopulation:
             self.episodes[m].append((first + int(i), float(returns[i, m]), int(lengths[i, m])))
         self._read_to = last
         self.diverged_at = self.diverged.cpu().numpy()
+        self.diverged_loss_at = self.diverged_loss.cpu().numpy()
 
     def learn(self, steps: int) -> None:
         for _ in range(steps):

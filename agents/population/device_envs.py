@@ -139,14 +139,9 @@ class TorchAcrobot(TorchEnv):
         u = uniform(self.seeds[:, None], RESET, self.resets[:, None], torch.arange(4, device=self.device)[None])
         return (-0.1 + (0.1 - -0.1) * u).to(torch.float32).to(torch.float64)
 
-    def reset(self) -> Tensor:
-        self.fresh = torch.ones_like(self.fresh)
-        return super().reset()
-
-    def step(self, actions: Tensor) -> TorchStep:
-        out = super().step(actions)
-        self.fresh = out.terminated | out.truncated
-        return out._replace(obs=self.observe())
+    def _reset_where(self, done: Tensor) -> None:
+        super()._reset_where(done)
+        self.fresh = self.fresh | done  # (the dynamics cleared it for every copy stepped)
 
     def _dsdt(self, s: Tensor, a: Tensor) -> Tensor:
         """:meth:`agents.population.envs.BatchedAcrobot._dsdt`: the same expressions, term order kept."""
@@ -173,7 +168,8 @@ class TorchAcrobot(TorchEnv):
         k4 = self._dsdt(y0 + dt * k3, a)
         ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
         angles = ns[:, :2]
-        for _ in range(2):  # Gymnasium's wrap: subtract (add) the range while above (below); twice covers a step
+        for _ in range(5):  # Gymnasium's wrap: subtract (add) the range while above (below); a step's angles stay
+            # within 9 pi (velocities clipped at 4 pi and 9 pi), which five passes cover
             angles = torch.where(angles > math.pi, angles - 2 * math.pi, angles)
             angles = torch.where(angles < -math.pi, angles + 2 * math.pi, angles)
         ns = torch.cat([angles, ns[:, 2:3].clamp(-self.max_vel_1, self.max_vel_1),
@@ -288,13 +284,14 @@ class TorchPixelcopter(TorchEnv):
         self.terrain_y = torch.zeros(n, self.terrain_slots, dtype=f64, device=dev)
         self.n_terrain = torch.zeros(n, dtype=torch.int64, device=dev)
         self.slots = torch.arange(self.terrain_slots, device=dev)
+        self.start = torch.tensor([self.c.PLAYER_START_Y, 0.0, 1.0], dtype=f64, device=dev)  # (made once: no copy
+        # from the host in a step)
 
     def _state_dim(self) -> int:
         return 3
 
     def _initial(self) -> Tensor:
-        start = torch.tensor([self.c.PLAYER_START_Y, 0.0, 1.0], dtype=torch.float64, device=self.device)
-        return start.expand(self.n, 3)
+        return self.start.expand(self.n, 3)
 
     def _new_gate(self, call: Tensor) -> tuple[Tensor, Tensor]:
         """Every copy's new gate ``(x, y)`` from generator calls ``call`` and ``call + 1``."""
@@ -323,7 +320,6 @@ class TorchPixelcopter(TorchEnv):
         self.n_terrain = self.n_terrain + where * len(centres)
 
     def _reset_where(self, done: Tensor) -> None:
-        super()._reset_where(torch.zeros_like(done))  # (the state; the calls are counted here)
         self.state = torch.where(done[:, None], self._initial(), self.state)
         x, y = self._new_gate(self.resets)
         self.gate_x = torch.where(done[:, None], torch.stack([x, torch.full_like(x, self.far)], 1), self.gate_x)

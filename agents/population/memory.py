@@ -2,16 +2,18 @@
 
 A member holds its replay buffer (observations and next observations as float32, actions int64, rewards and
 terminations float32), its parameters four times (online, target, optimiser state, gradient) and its update's
-activations (online and target networks, forward and backward: an upper estimate of 16 floats per hidden unit and
-sample). A population allocates every member's buffer at the largest member's size. The budget is a share of the
-device's free memory (:data:`SHARE`): CUDA's free memory, or the machine's available RAM.
+activations: every layer's output per sample, measured by a forward pass of the member's network on one sample
+(FTA's expanded bins, Maxout's wide Linear layer), four times (the online forward and backward, the target forward,
+slack) per sample of the batch. A population allocates every member's buffer at the largest member's size. The
+budget is a share of the device's free memory (:data:`SHARE`): CUDA's free memory, or the machine's available RAM.
+With ``--workers N`` on one device, N populations share it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -20,21 +22,44 @@ import torch
 
 __all__ = ["SHARE", "member_bytes", "population_bytes", "budget"]
 
+#: the config keys a population's members differ in (agents.population.MEMBER_KEYS; not imported: a cycle)
+_MEMBER_KEYS = ("seed", "learning_rate", "buffer_size", "exploration_initial_eps", "exploration_final_eps",
+                "exploration_steps")
+
 #: the share of the device's free memory one population may take
 SHARE = 0.8
 
 
 def member_bytes(config: Mapping[str, Any], buffer_size: int | None = None) -> int:
     """Bytes of one member of a resolved ``dqn`` config (its buffer at ``buffer_size``, default its own)."""
-    derived = config["derived"]
-    d = math.prod(derived["observation_shape"])
-    n = int(re.sub(r"\D", "", str(derived["action_space"])) or 1)
-    widths = list(derived["hidden"]["q"])
-    dims = [d, *widths, n]
-    params = sum(a * b + b for a, b in zip(dims, dims[1:])) + 4 * sum(widths)  # (+ LayerNorm, per-unit activation)
+    params, floats = _network(config)
+    d = math.prod(config["derived"]["observation_shape"])
     replay = int(buffer_size or config["buffer_size"]) * (2 * 4 * d + 8 + 4 + 4)
-    activations = int(config["batch_size"]) * sum(widths) * 4 * 16
+    activations = int(config["batch_size"]) * floats * 4 * 4  # online forward, its backward, target forward, slack
     return replay + 4 * 4 * params + activations
+
+
+def _network(config: Mapping[str, Any]) -> tuple[int, int]:
+    """The member network's parameters and the floats its layers output per sample (every module's output, as a
+    forward on one sample measures them: FTA's expanded bins and Maxout's wide Linear included); measured once per
+    network (the members' own settings left out of the key)."""
+    from .networks import member_q_net
+
+    key = json.dumps({k: v for k, v in config.items() if k not in _MEMBER_KEYS}, sort_keys=True, default=str)
+    if key not in _MEASURED:
+        net = member_q_net(config, 0).q_net
+        floats = [0]
+        hooks = [m.register_forward_hook(lambda m, i, o: floats.__setitem__(0, floats[0] + o.numel()))
+                 for m in net.modules() if not list(m.children())]
+        with torch.no_grad():
+            net(torch.zeros(1, math.prod(config["derived"]["observation_shape"])))
+        for h in hooks:
+            h.remove()
+        _MEASURED[key] = (sum(p.numel() for p in net.parameters()), floats[0])
+    return _MEASURED[key]
+
+
+_MEASURED: dict[str, tuple[int, int]] = {}
 
 
 def population_bytes(configs: Sequence[Mapping[str, Any]]) -> int:
@@ -50,5 +75,18 @@ def budget(device: str) -> int:
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free = _available_ram()
     return int(SHARE * free)
+
+
+def _available_ram() -> int:
+    """The kernel's estimate of the memory available to a new process (``MemAvailable``: free plus what the page
+    cache would give up), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -188,6 +188,9 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
             with open(path, "rb") as f:
                 state = pickle.load(f)
         except Exception as err:  # a truncated or foreign file: say which and what to do, not an unpickling trace
+            if "CUDA" in str(err) and not torch.cuda.is_available():
+                raise ConfigError(f"{path}: the population checkpoint holds CUDA tensors and this machine has no CUDA "
+                                  "device; resume it on a machine with one") from None
             raise ConfigError(f"{path}: the population checkpoint is unreadable ({type(err).__name__}: {err}); "
                               "delete it to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
@@ -224,6 +227,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
     on_device = isinstance(pop, DevicePopulation)
     ended = [bool(d) for d in pop.diverged_at]  # members whose logs ended (diverged)
+    probing = any(log.runner.probes for log in logs)  # (else no per-member work on the host in a step)
 
     def flush() -> None:
         """Log the episodes the host has seen since the last call; end the logs of members that diverged."""
@@ -238,7 +242,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
             seen[m] = len(pop.episodes[m])
             if pop.diverged_at[m]:  # its loss was not finite at that step: the member's run ends there, as a run's
                 at = int(pop.diverged_at[m])
-                log.scalar("loss", at, float(pop.last_losses[m]) if at == pop.num_timesteps else float("nan"))
+                log.scalar("loss", at, float(pop.diverged_loss_at[m]) if on_device else float(pop.last_losses[m]))
                 log.runner.log.end(at, "nan")
                 ended[m] = True
                 print(f"{dirs[m]}: the TD loss is not finite at step {at}; the member stopped there", file=sys.stderr)
@@ -252,16 +256,18 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
                         flush()
                     _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
                 state = None  # (a resumed run does not rewrite the checkpoint it started from)
-                live = [log for m, log in enumerate(logs) if not ended[m]]
-                probes = lambda: [log.probe(pop.num_timesteps) for log in live]  # noqa: E731
-                pop.step(probes) if on_device else pop.step(before_store=probes)
-                t = pop.num_timesteps
+                t = pop.num_timesteps + 1  # the step about to be taken
                 loss_step = t >= first_update and (t % loss_every == 0 or t in (first_update, steps))
-                if on_device and loss_step:  # (read now: no member's loss is logged after it diverged)
-                    pop.diverged_at = pop.diverged.cpu().numpy()
-                if t == steps and on_device:
+                due = [log for m, log in enumerate(logs) if not ended[m] and log.runner.due(t)] if probing else []
+                if on_device and due:  # (read back first: no probe of a member after it diverged)
                     pop.read_back()
-                if not on_device or pop._read_to == t or loss_step:
+                    flush()
+                    due = [log for m, log in enumerate(logs) if not ended[m] and log.runner.due(t)]
+                probes = (lambda: [log.probe(t) for log in due]) if due else None
+                pop.step(probes) if on_device else pop.step(before_store=probes)
+                if on_device and (loss_step or t == steps):  # (read now: nothing of a member is logged after it
+                    pop.read_back()  # diverged, and its last episodes are)
+                if not on_device or pop._read_to == t:
                     flush()
                 if loss_step:
                     losses = pop.last_losses.cpu().tolist()
@@ -313,11 +319,8 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
 
 def _engine(config: Mapping[str, Any], members: Sequence[Member], implementation: str,
             device: str) -> Population | DevicePopulation:
-    """The engine of ``implementation``: the device step for ``device`` / ``device-compiled`` (and ``auto`` on a
-    CUDA device, compiled, for tasks it runs), else :class:`Population`."""
-    if implementation == "auto" and config.get("population_engine", "auto") == "auto" and \
-            torch.device(device).type == "cuda" and device_refusal(config, device) is None:
-        implementation = "device-compiled"
+    """The engine of ``implementation``: the device step for ``device`` / ``device-compiled``, else
+    :class:`Population` (whose own implementations the others are)."""
     if implementation in DEVICE_MODES:
         return DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
     return Population(config, members, implementation=implementation, device=device)
@@ -368,10 +371,11 @@ class DQNPopulation:
 
 
 def _implementation(config: Mapping[str, Any]) -> str:
-    """The engine the config's ``population_engine`` names (``exact``: the population engine, its ``auto``
-    implementation)."""
+    """The implementation the config's ``population_engine`` names: the device step's modes as they are; ``exact``
+    and ``auto`` (unset), the population engine's own ``auto`` (the same engine on every device: the device step
+    draws differently, so it is only taken where the config names it, and its runs are named by it)."""
     engine = config.get("population_engine", "auto")
-    return "auto" if engine == "exact" else engine
+    return engine if engine in DEVICE_MODES else "auto"
 
 
 def _device(config: Mapping[str, Any]) -> str:

@@ -106,9 +106,9 @@ class DQNSettings(OffPolicy):
     replay: str = _s(c.choice("full", "frames"), "replay storage: full (SB3's buffers, whole observations) or frames "
                                                  "(stacked pixel frames stored once; Atari at 1e6 transitions)")
     population_engine: str = _s(c.choice("auto", "exact", "device", "device-compiled"),
-                                "how --seeds and population grids train: exact (numpy draws: a member is SB3's run "
-                                "of its seed), device or device-compiled (the device step, counter draws), auto "
-                                "(device-compiled on CUDA, else exact)")
+                                "how --seeds and population grids train: exact or auto (numpy draws: a member is "
+                                "SB3's run of its seed), device or device-compiled (the device step on the run's "
+                                "device, counter draws)")
 
 
 @dataclass
