@@ -22,6 +22,7 @@ from agents.envs import catcher as _catcher
 from agents.envs import pixelcopter as _copter
 
 from .counter import RESET, below, uniform
+from .envs import AcrobotTask, MountainCarTask
 
 __all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TorchCatcher", "TorchPixelcopter", "TORCH_ENVS",
            "TorchStep"]
@@ -91,12 +92,8 @@ class TorchEnv:
         return TorchStep(self.observe(), reward, terminated, truncated, terminal)
 
 
-class TorchMountainCar(TorchEnv):
+class TorchMountainCar(MountainCarTask, TorchEnv):
     """Gymnasium's MountainCar-v0 (discrete): state (position, velocity)."""
-
-    env_id, obs_dim, n_actions, default_max_steps = "MountainCar-v0", 2, 3, 200
-    min_position, max_position, max_speed, goal_position, goal_velocity = -1.2, 0.6, 0.07, 0.5, 0
-    force, gravity = 0.001, 0.0025
 
     def _state_dim(self) -> int:
         return 2
@@ -116,16 +113,9 @@ class TorchMountainCar(TorchEnv):
         return torch.full((self.n,), -1.0, dtype=torch.float32, device=self.device), terminated
 
 
-class TorchAcrobot(TorchEnv):
+class TorchAcrobot(AcrobotTask, TorchEnv):
     """Gymnasium's Acrobot-v1 ("book" dynamics, RK4 over dt = 0.2): state (theta1, theta2, dtheta1, dtheta2); a
     reset state stays float32 until the copy's first step, as in Gymnasium."""
-
-    env_id, obs_dim, n_actions, default_max_steps = "Acrobot-v1", 6, 3, 500
-    dt = 0.2
-    m1 = m2 = l1 = 1.0
-    lc1 = lc2 = 0.5
-    moi = 1.0
-    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
 
     def __init__(self, seeds: Tensor, max_episode_steps: int | None = None) -> None:
         super().__init__(seeds, max_episode_steps)

@@ -105,12 +105,16 @@ class BatchedEnv:
         return Step(obs, reward, terminated, truncated, terminal)
 
 
-class BatchedMountainCar(BatchedEnv):
-    """Gymnasium's MountainCar-v0 (discrete): state (position, velocity)."""
+class MountainCarTask:
+    """Gymnasium's MountainCar-v0's constants (for the numpy and the tensor version)."""
 
     env_id, obs_dim, n_actions, default_max_steps = "MountainCar-v0", 2, 3, 200
     min_position, max_position, max_speed, goal_position, goal_velocity = -1.2, 0.6, 0.07, 0.5, 0
     force, gravity = 0.001, 0.0025
+
+
+class BatchedMountainCar(MountainCarTask, BatchedEnv):
+    """Gymnasium's MountainCar-v0 (discrete): state (position, velocity)."""
 
     def _state_dim(self) -> int:
         return 2
@@ -133,8 +137,8 @@ class BatchedMountainCar(BatchedEnv):
         return self.state.astype(np.float32)
 
 
-class BatchedAcrobot(BatchedEnv):
-    """Gymnasium's Acrobot-v1 ("book" dynamics, RK4 over dt = 0.2): state (theta1, theta2, dtheta1, dtheta2)."""
+class AcrobotTask:
+    """Gymnasium's Acrobot-v1's constants (for the numpy and the tensor version)."""
 
     env_id, obs_dim, n_actions, default_max_steps = "Acrobot-v1", 6, 3, 500
     dt = 0.2
@@ -142,6 +146,11 @@ class BatchedAcrobot(BatchedEnv):
     lc1 = lc2 = 0.5
     moi = 1.0
     max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
+
+
+class BatchedAcrobot(AcrobotTask, BatchedEnv):
+    """Gymnasium's Acrobot-v1 ("book" dynamics, RK4 over dt = 0.2): state (theta1, theta2, dtheta1, dtheta2)."""
+
     torques = np.array([-1.0, 0.0, 1.0])
 
     def _state_dim(self) -> int:

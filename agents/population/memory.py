@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from agents.rl.budget import available_memory
+
 __all__ = ["SHARE", "member_bytes", "population_bytes", "budget"]
 
 #: the config keys a population's members differ in (agents.population.MEMBER_KEYS; not imported: a cycle)
@@ -75,18 +77,5 @@ def budget(device: str) -> int:
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:
-        free = _available_ram()
+        free = available_memory()
     return int(SHARE * free)
-
-
-def _available_ram() -> int:
-    """The kernel's estimate of the memory available to a new process (``MemAvailable``: free plus what the page
-    cache would give up), else the free pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
