@@ -26,6 +26,12 @@ def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[
     stop.event = get_context("spawn").Event()
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_init_worker, initargs=(os.getpid(), stop.event)) as pool:
+        # every worker started now, before the pool's manager thread: a worker spawned on demand by a later submit
+        # may start after that thread began waiting on the workers it knew (submit wakes it first, then spawns),
+        # and if that worker is killed the pool never notices and waits forever (CPython 3.11's
+        # ProcessPoolExecutor.submit); _launch_processes is what the pool itself calls for fork contexts
+        with _spawning():
+            pool._launch_processes()
         def wait_some(running: dict[Hashable, Task]) -> list[Outcome]:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             outcomes = []
