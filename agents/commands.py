@@ -130,11 +130,19 @@ class Population(Protocol):
         """The run folders of each population under ``out`` that a ``--resume`` can continue from its checkpoint,
         in the checkpoint's order (a grid keeps them together whatever its own grouping)."""
 
-    def fits(self, configs: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether these runs fit one population on their device (``population_size: auto`` grids)."""
+    def capacity(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
+        """The most runs like these one population should hold on their device (``population_size: auto`` grids:
+        what its memory holds, say), or None for no limit."""
 
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """A short note on one population of these runs for a grid's plan (its memory and device)."""
+
+    def memory_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
+        """Estimated bytes of one population of these runs on its device (a grid's share of a GPU), or None."""
+
+    def seconds(self, configs: Sequence[Mapping[str, Any]]) -> float | None:
+        """Estimated seconds to train these runs as one population here (a grid's plan), or None where it cannot
+        tell (their device is not on this machine)."""
 
 
 def population(command: Command) -> Population | None:

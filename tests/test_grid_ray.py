@@ -61,13 +61,14 @@ def _ray_env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A one-node Ray cluster (``ray start --head --block``, its own ports and temp dir; SIGTERM ends it and all
-    its processes) and this process connected to it; its address."""
+    its processes) and this process connected to it; its address. It declares one GPU, which its tasks cannot use
+    (this machine has none): CPU tasks never ask for it."""
     temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
     port = _free_port()
     log = open(temp / "ray-start.log", "w+")
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+         f"--port={port}", "--num-cpus=2", "--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats",
          f"--temp-dir={temp}", f"--dashboard-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
          f"--metrics-export-port={_free_port()}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=_ray_env())
@@ -273,3 +274,40 @@ def test_a_population_whose_worker_is_killed_resumes_from_its_checkpoint(cluster
     assert "grid done: 2 finished, 0 failed" in proc.stderr
     for a, b in zip(_run_dirs(grid, ref), dirs, strict=True):
         _assert_same_results(a, b)
+
+
+def _cuda(task):
+    """``task`` with its runs' configs saying device cuda (which this machine's config checks would refuse)."""
+    from dataclasses import replace
+
+    from agents.grid import PopulationTask
+
+    runs = tuple(replace(r, config={**r.config, "device": "cuda"}) for r in
+                 (task.runs if isinstance(task, PopulationTask) else (task,)))
+    return replace(task, runs=runs) if isinstance(task, PopulationTask) else runs[0]
+
+
+def test_populations_on_cuda_ask_ray_for_a_share_of_a_gpu_by_their_memory(tmp_path):
+    from agents.grid.ray_backend import CUDA_OVERHEAD, gpu_share
+    from agents.population import memory
+
+    population, *_ = tasks(plan(load_grid(_write(tmp_path / "p.yml", POPULATION)), tmp_path / "p"))
+    single, *_ = tasks(plan(load_grid(_write(tmp_path / "d.yml", DQN)), tmp_path / "d"))
+    need = memory.population_bytes([r.config for r in population.runs]) + CUDA_OVERHEAD
+    assert gpu_share(_cuda(population), 4 * need) == 0.25  # four such populations share a GPU
+    assert gpu_share(_cuda(population), 3 * need) == 0.34  # (in hundredths, rounded up)
+    assert gpu_share(_cuda(population), need // 2) == 1.0  # at most a whole GPU
+    assert gpu_share(_cuda(single), 100 * need) == 1.0  # a single run: a whole GPU
+
+
+def test_a_grid_on_cuda_is_refused_where_the_clusters_gpus_cannot_run_it(cluster, tmp_path, monkeypatch):
+    from agents.errors import ConfigError
+    from agents.grid.ray_backend import _gpu_shares
+
+    work = [_cuda(t) for t in tasks(plan(load_grid(_write(tmp_path / "p.yml", POPULATION)), tmp_path / "p"))]
+    assert _gpu_shares([t for t in tasks(plan(load_grid(tmp_path / "p.yml"), tmp_path / "p"))]) == {}  # CPU only
+    with pytest.raises(ConfigError, match=r"GPU tasks cannot use CUDA \(torch.cuda.is_available\(\) is False"):
+        _gpu_shares(work)  # the cluster declares a GPU that this machine does not have
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.raises(ConfigError, match="2 of this grid's tasks ask for device cuda and the Ray cluster has no GPUs"):
+        _gpu_shares(work)

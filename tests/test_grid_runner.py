@@ -309,8 +309,9 @@ def test_population_tasks_group_runs_that_differ_in_seed_learning_rate_and_buffe
     assert all(isinstance(t, GridRun) for t in tasks(single))
     work = tasks(runs)
     assert all(isinstance(t, PopulationTask) for t in work)
-    assert [(t.runs[0].config["act"], len(t.runs)) for t in work] == [("relu", 3), ("relu", 1), ("elephant", 3),
-                                                                      ("elephant", 1)]
+    # as few populations as hold each kind, of sizes differing by at most one
+    assert [(t.runs[0].config["act"], len(t.runs)) for t in work] == [("relu", 2), ("relu", 2), ("elephant", 2),
+                                                                      ("elephant", 2)]
     assert [r for t in work for r in t.runs] == sorted(runs, key=lambda r: r.config["act"] != "relu")
     for t in work:  # the members' configs differ only in the members' settings
         shared = [{k: v for k, v in r.config.items() if k not in (*MEMBER_KEYS, "derived")} for r in t.runs]
@@ -329,17 +330,26 @@ def test_population_size_auto_fills_the_devices_memory_and_the_plan_says_so(tmp_
     one = max(memory.population_bytes([r.config]) for r in runs)
     monkeypatch.setattr(memory, "budget", lambda device: 3 * one)  # room for three members of the larger net
     work = tasks(runs)
-    assert [len(t.runs) for t in work][:2] == [3, 1]  # relu's four: the larger net
-    for t, after in zip(work, work[1:]):  # each fits, and one more member of its kind would not have
+    assert [len(t.runs) for t in work] == [2, 2, 2, 2]  # each kind's four: three fit, so two populations of two
+    for t in work:
         assert memory.population_bytes([r.config for r in t.runs]) <= 3 * one
-        if after.runs[0].config["act"] == t.runs[0].config["act"]:
-            assert memory.population_bytes([r.config for r in (*t.runs, after.runs[0])]) > 3 * one
     largest = max(work, key=lambda t: len(t.runs))
     assert _population_plan(work) == (
-        f"plan: {len(work)} populations of 1-{len(largest.runs)} members, {8 * 600:,} agent-steps; the largest "
+        f"plan: {len(work)} populations of 2 members, {8 * 600:,} agent-steps; the largest "
         f"~{memory.population_bytes([r.config for r in largest.runs]) / 2**30:.2f} GiB on cpu")
     with pytest.raises(Exception, match="population_size must be a positive integer .* or auto"):
         plan(_population_spec(population_size="most"), tmp_path)
+
+
+def test_population_size_auto_on_a_cpu_stops_at_its_most_members(tmp_path, monkeypatch):
+    """On a CPU a population holds at most memory.CPU_MEMBERS members, however much memory there is."""
+    from agents.grid import tasks
+    from agents.population import memory
+
+    monkeypatch.setattr(memory, "CPU_MEMBERS", 3)
+    spec = _population_spec(population_size="auto")
+    spec["grids"][0]["seed"] = [0, 1, 2, 3, 4]  # ten runs of each kind
+    assert [len(t.runs) for t in tasks(plan(spec, tmp_path))] == [3, 3, 2, 2] * 2  # each kind: four of 2-3
 
 
 def test_population_tasks_group_runs_that_differ_in_their_epsilon_schedules(tmp_path):
@@ -436,17 +446,6 @@ def test_a_failing_population_fails_every_member(tmp_path):
     assert all("no batched version of 'CartPole-v1'" in o.detail for o in report.outcomes)
     for r in runs:
         assert "Traceback" in (r.run_dir / "ERROR.txt").read_text() and not (r.run_dir / "DONE.json").exists()
-
-
-def test_the_ray_backend_refuses_cuda_runs(tmp_path):
-    """Ray tasks ask for CPUs only (Ray then hides the GPUs): a cuda run is refused before any cluster starts."""
-    from agents.errors import ConfigError
-    from agents.grid import GridRun
-    from agents.grid.ray_backend import _run_ray
-
-    run = GridRun("dqn", {"device": "cuda"}, tmp_path / "r")
-    with pytest.raises(ConfigError, match="the ray backend runs tasks on CPUs; 1 of this grid.s runs ask for device"):
-        _run_ray([run], None, None, None, 0.0)
 
 
 def test_a_run_finished_by_another_grid_since_planning_is_not_redone(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import heapq
 import os
 import sys
 from collections import Counter
@@ -29,16 +30,42 @@ def _dry_run(runs: Sequence[GridRun]) -> int:
     return 0
 
 
-def _population_plan(populations: Sequence[PopulationTask]) -> str:
-    """One line: the populations' sizes, their agent-steps and the largest one's memory (its engine's estimate)."""
+def _population_plan(populations: Sequence[PopulationTask], workers: int | None = None) -> str:
+    """One line: the populations' sizes, their agent-steps, the largest one's memory and, for grids of at least
+    :data:`ESTIMATE_FROM` agent-steps, the estimated time (each population's step timed here; their engine's
+    estimates)."""
     sizes = sorted(len(t.runs) for t in populations)
     steps = sum(int(r.config.get("n_timesteps", 0)) for t in populations for r in t.runs)
     largest = max(populations, key=lambda t: len(t.runs))
     engine = population(get_command(largest.runs[0].command))
     about = engine.describe([r.config for r in largest.runs]) if hasattr(engine, "describe") else ""
     span = f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]}-{sizes[-1]}"
-    return (f"plan: {len(populations)} population{'s' * (len(populations) > 1)} of {span} members, {steps:,} "
+    line = (f"plan: {len(populations)} population{'s' * (len(populations) > 1)} of {span} members, {steps:,} "
             f"agent-steps" + (f"; the largest ~{about}" if about else ""))
+    if steps >= ESTIMATE_FROM:
+        line += _estimate(populations, workers)
+    return line
+
+
+#: agent-steps from which a grid's plan times its populations' steps to estimate its duration
+ESTIMATE_FROM = 10_000_000
+
+
+def _estimate(populations: Sequence[PopulationTask], workers: int | None) -> str:
+    seconds = []
+    for t in populations:
+        engine = population(get_command(t.runs[0].command))
+        s = engine.seconds([r.config for r in t.runs]) if hasattr(engine, "seconds") else None
+        if s is None:
+            return "; no time estimate (its device is not on this machine)"
+        seconds.append(s)
+    at_once = ""
+    if workers and workers > 1:  # the grid's order, each population to the first free worker
+        free = [0.0] * workers
+        for s in seconds:
+            heapq.heapreplace(free, free[0] + s)
+        at_once = f", {max(free) / 3600:.1f} h with {workers} at a time on separate cores or GPUs"
+    return f"; ~{sum(seconds) / 3600:.1f} h one population at a time{at_once} (steps timed here, compiles not counted)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             status = _dry_run(runs)
             if populations and status == 0:
-                print(_population_plan(populations), file=sys.stderr)
+                print(_population_plan(populations, args.workers), file=sys.stderr)
             return status
         status = Counter(r.status for r in runs)
         stale = f", {status['stale']} stale (finished or begun with another config: redone)" \
@@ -93,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'s' * (len(populations) > 1)}" if populations else ""
         print(f"{len(runs)} runs, {status['done']} already finished{stale}{trained}", file=sys.stderr)
         if populations:
-            print(_population_plan(populations), file=sys.stderr)
+            print(_population_plan(populations, args.workers), file=sys.stderr)
         report = run_grid(runs, workers=args.workers, backend=args.backend)
     except ConfigError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")

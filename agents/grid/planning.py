@@ -29,7 +29,7 @@ class PopulationEngine:
     out: Path
     member_keys: tuple[str, ...]
     size: int | None = None
-    by_memory: bool = False  # population_size: auto: as many members as fit the device's memory
+    by_memory: bool = False  # population_size: auto: as many members as the engine's capacity on the device
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,8 @@ def _runs(task: Task) -> tuple[GridRun, ...]:
 
 def tasks(runs: Sequence[GridRun]) -> list[Task]:
     """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in their
-    engine's member keys form population tasks (of at most ``population_size`` members, or as many as fit the device's
-    memory for ``auto``), any other run is a task.
+    engine's member keys form population tasks (as few as hold them: of at most ``population_size`` members, or for
+    ``auto`` as many as the engine's capacity on the device allows, and of equal sizes), any other run is a task.
     Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
     are now): a checkpoint all of whose members are still to do is resumed, not orphaned."""
 
@@ -148,26 +148,38 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
 
     out: list[GridRun | list[GridRun]] = _checkpointed(runs, shared)
     claimed = {r.run_dir for group in out for r in group}
-    open_groups: dict[str, list[GridRun]] = {}
+    kinds: dict[str, list[GridRun]] = {}
     for run in runs:
         if run.run_dir in claimed:
             continue
         if run.population is None:
             out.append(run)
             continue
-        key = shared(run)
-        group = open_groups.get(key)
-        if group is None or len(group) == run.population.size or \
-                run.population.by_memory and not _fits(run, [*group, run]):
-            group = open_groups[key] = []
-            out.append(group)
-        group.append(run)
-    return [t if isinstance(t, GridRun) else
-            PopulationTask(tuple(t), t[0].population.out) for t in out]
+        kind = kinds.get(shared(run))
+        if kind is None:
+            kind = kinds[shared(run)] = []
+            out.append(kind)  # (split below, in place)
+        kind.append(run)
+    split = {id(k) for k in kinds.values()}  # (a checkpoint's group stays as it is)
+    return [task for t in out for task in
+            ([t] if isinstance(t, GridRun) else
+             [PopulationTask(tuple(c), t[0].population.out) for c in (_chunks(t) if id(t) in split else [t])])]
 
 
-def _fits(run: GridRun, group: Sequence[GridRun]) -> bool:
-    return population(get_command(run.command)).fits([r.config for r in group])
+def _chunks(kind: Sequence[GridRun]) -> list[Sequence[GridRun]]:
+    """Runs of one kind (their configs differ only in member keys) split into as few populations as their limit
+    allows (``population_size``, or for ``auto`` the engine's :meth:`~agents.commands.Population.capacity`), their
+    sizes differing by at most one (a compiled step compiles for two shapes at most)."""
+    engine = kind[0].population
+    limit = engine.size
+    if engine.by_memory:
+        limit = population(get_command(kind[0].command)).capacity([r.config for r in kind])
+    if limit is None or len(kind) <= limit:
+        return [kind]
+    n = -(-len(kind) // max(1, limit))
+    size, extra = divmod(len(kind), n)
+    bounds = [i * size + min(i, extra) for i in range(n + 1)]
+    return [kind[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _checkpointed(runs: Sequence[GridRun], shared: Callable[[GridRun], str]) -> list[list[GridRun]]:

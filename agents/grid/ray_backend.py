@@ -1,8 +1,10 @@
-"""The Ray backend: the tasks on a Ray cluster, one CPU each and never retried."""
+"""The Ray backend: the tasks on a Ray cluster, one CPU each (and, for tasks on CUDA, a share of a GPU) and never
+retried."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -13,6 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..commands import get_command, population
 from ..errors import ConfigError
 from ..runlock import LOCK_NAME
 from ..signals import STOP_SIGNALS, handling
@@ -41,18 +44,14 @@ class WorkerLost(RuntimeError):
 def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Callable[[Outcome], None],
              began: float) -> None:
     """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), ``workers`` at a time
-    (default: as many as it has CPUs), one CPU each and never retried. A stop signal cancels the running tasks
+    (default: as many as it has CPUs), one CPU each (tasks on CUDA also a share of a GPU: :func:`_gpu_shares`) and
+    never retried. A stop signal cancels the running tasks
     (SIGINT in their workers: they stop as on Ctrl-C); a cancelled task that took no run lock since ``began`` (the
     grid's start) never began."""
     try:
         import ray
     except ImportError:
         raise ConfigError("the ray backend needs Ray: pip install -e '.[ray]'") from None
-    cuda = [t for t in work for r in (t.runs if isinstance(t, PopulationTask) else (t,))
-            if str(r.config.get("device", "cpu")).startswith("cuda")]
-    if cuda:  # its tasks ask for CPUs only, and Ray hides the GPUs from such tasks
-        raise ConfigError(f"the ray backend runs tasks on CPUs; {len(cuda)} of this grid's runs ask for device "
-                          "cuda: run them with --backend local, or set device: cpu")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     address = os.environ.get("RAY_ADDRESS") or None
     owned = not ray.is_initialized()
@@ -75,6 +74,10 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
             slots = workers or cpus
             started = " (started here)" if owned and not address else ""
             limit = f", {slots} task{'s' * (slots > 1)} at a time (--workers)" if workers else ""
+            shares = _gpu_shares(work)
+            if shares:
+                low, high = min(shares.values()), max(shares.values())
+                limit += f"; tasks on cuda take {low:g}{f'-{high:g}' if high > low else ''} of a GPU each"
             tqdm.write(f"ray: the cluster at {ray.get_runtime_context().gcs_address}{started}, {cpus} CPUs{limit}",
                        file=sys.stderr)
             # max_calls=1: a fresh worker process per task. A task cancelled in the middle of an import (ray.cancel
@@ -96,10 +99,63 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
                     if done:
                         return [o for ref in done for o in ended(ref, running.pop(ref))]
 
-            _drive(work, slots, remote.remote, wait_some, stop, record)
+            def start(task: Task) -> Hashable:
+                share = shares.get(id(task), 0.0)
+                return (remote.options(num_gpus=share) if share else remote).remote(task)
+
+            _drive(work, slots, start, wait_some, stop, record)
     finally:
         if owned:
             ray.shutdown()
+
+
+#: GPU memory each task's process takes beyond its estimate: its CUDA context and the allocator's slack
+CUDA_OVERHEAD = 2**30
+
+
+def _on_cuda(task: Task) -> bool:
+    return any(str(r.config.get("device", "cpu")).startswith("cuda") for r in _runs(task))
+
+
+def _gpu_shares(work: Sequence[Task]) -> dict[int, float]:
+    """The share of one GPU each task on CUDA asks Ray for (by ``id``): a population, its engine's memory estimate
+    plus :data:`CUDA_OVERHEAD` over the memory of the cluster's GPUs (in hundredths, rounded up; at most 1), so that
+    small populations share a GPU; any other run, a whole GPU. Refuses a cluster without GPUs, or whose GPU tasks
+    cannot use CUDA."""
+    import ray
+
+    cuda = [t for t in work if _on_cuda(t)]
+    if not cuda:
+        return {}
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if not gpus:
+        raise ConfigError(f"{len(cuda)} of this grid's tasks ask for device cuda and the Ray cluster has no GPUs: "
+                          "start its nodes with GPUs (ray start --num-gpus N), or set device: cpu")
+    usable, total = ray.get(ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_cuda_memory).remote())
+    if not usable:
+        raise ConfigError("the Ray cluster's GPU tasks cannot use CUDA (torch.cuda.is_available() is False in a task "
+                          "given a GPU): check its nodes' drivers and torch build, or set device: cpu")
+    return {id(t): gpu_share(t, total) for t in cuda}
+
+
+def gpu_share(task: Task, gpu_bytes: int) -> float:
+    """The share of a GPU of ``gpu_bytes`` that ``task`` (on CUDA) asks for (:func:`_gpu_shares`)."""
+    if not isinstance(task, PopulationTask):
+        return 1.0
+    engine = population(get_command(task.runs[0].command))
+    estimate = engine.memory_bytes([r.config for r in task.runs]) if hasattr(engine, "memory_bytes") else None
+    if estimate is None:
+        return 1.0
+    return min(1.0, math.ceil(100 * (estimate + CUDA_OVERHEAD) / gpu_bytes) / 100)
+
+
+def _cuda_memory() -> tuple[bool, int]:
+    """In a Ray task given a GPU: whether torch sees CUDA, and the GPU's memory in bytes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, 0
+    return True, torch.cuda.get_device_properties(0).total_memory
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:

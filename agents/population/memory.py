@@ -6,7 +6,8 @@ activations: every layer's output per sample, measured by a forward pass of the 
 (FTA's expanded bins, Maxout's wide Linear layer), four times (the online forward and backward, the target forward,
 slack) per sample of the batch. A population allocates every member's buffer at the largest member's size. The
 budget is a share of the device's free memory (:data:`SHARE`): CUDA's free memory, or the machine's available RAM.
-With ``--workers N`` on one device, N populations share it.
+With ``--workers N`` on one device, N populations share it. On a CPU a population also stops at :data:`CPU_MEMBERS`:
+beyond it the update's activations outgrow the caches and each member trains slower (docs/agents/populations.md).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any
 
 import torch
 
+from agents.errors import ConfigError
 from agents.rl.budget import available_memory
 
-__all__ = ["SHARE", "member_bytes", "population_bytes", "budget"]
+__all__ = ["SHARE", "CPU_MEMBERS", "member_bytes", "population_bytes", "budget", "capacity"]
 
 #: the config keys a population's members differ in (agents.population.MEMBER_KEYS; not imported: a cycle)
 _MEMBER_KEYS = ("seed", "learning_rate", "buffer_size", "exploration_initial_eps", "exploration_final_eps",
@@ -30,6 +32,9 @@ _MEMBER_KEYS = ("seed", "learning_rate", "buffer_size", "exploration_initial_eps
 
 #: the share of the device's free memory one population may take
 SHARE = 0.8
+
+#: the most members of one population on a CPU
+CPU_MEMBERS = 64
 
 
 def member_bytes(config: Mapping[str, Any], buffer_size: int | None = None) -> int:
@@ -75,7 +80,18 @@ def budget(device: str) -> int:
     """Bytes one population may take on ``device``: :data:`SHARE` of its free memory (read once per process: a
     grid's plan sizes every population by the same budget)."""
     if torch.device(device).type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"population_size: auto sizes populations by the free memory of {device} here, and "
+                              "this machine has no CUDA device: plan on the GPU machine, or give population_size: N")
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:
         free = available_memory()
     return int(SHARE * free)
+
+
+def capacity(configs: Sequence[Mapping[str, Any]], device: str) -> int:
+    """The most members like ``configs`` (every buffer at the largest of theirs) one population should hold on
+    ``device``: what :func:`budget` holds (at least one), and on a CPU at most :data:`CPU_MEMBERS`."""
+    largest = max(configs, key=lambda c: int(c["buffer_size"]))
+    fit = max(1, budget(device) // member_bytes(largest))
+    return min(fit, CPU_MEMBERS) if torch.device(device).type == "cpu" else fit

@@ -48,7 +48,7 @@ from probes.sb3 import SCALARS
 from . import MEMBER_KEYS, checkpointed_groups, members_file, record_members, restarted_since
 from .device import DEVICE_MODES, DevicePopulation, device_refusal
 from .engine import Member, Population, config_refusal, member_q_net
-from . import memory
+from . import memory, timing
 
 __all__ = ["member_configs", "member_dirs", "train_population", "run_population", "POPULATION"]
 
@@ -361,13 +361,26 @@ class DQNPopulation:
     def checkpointed(self, out: Path) -> list[list[Path]]:
         return checkpointed_groups(out)
 
-    def fits(self, configs: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether these runs fit one population in their device's memory (:mod:`agents.population.memory`)."""
-        return len(configs) == 1 or memory.population_bytes(configs) <= memory.budget(_device(configs[0]))
+    def capacity(self, configs: Sequence[Mapping[str, Any]]) -> int:
+        """The most runs like these one population should hold on their device (:func:`memory.capacity`)."""
+        return memory.capacity(configs, _device(configs[0]))
+
+    def memory_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int:
+        """The population's estimated bytes on its device (:func:`memory.population_bytes`)."""
+        return memory.population_bytes(configs)
 
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """The population's estimated memory and device, for a grid's plan."""
         return f"{memory.population_bytes(configs) / 2**30:.2f} GiB on {_device(configs[0])}"
+
+    def seconds(self, configs: Sequence[Mapping[str, Any]]) -> float | None:
+        """Estimated seconds of the population's training, its step timed here (:mod:`agents.population.timing`);
+        None for a CUDA device this machine lacks."""
+        device = _device(configs[0])
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            return None
+        members = [Member(*(c[k] for k in MEMBER_KEYS)) for c in configs]
+        return timing.population_seconds(configs, members, _implementation(configs[0]), device)
 
 
 def _implementation(config: Mapping[str, Any]) -> str:
