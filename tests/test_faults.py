@@ -488,12 +488,15 @@ def test_a_population_refuses_a_run_folder_another_process_writes(tmp_path):
     assert not list(tmp_path.rglob("run.h5"))
 
 
-def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkpoint_resumes(tmp_path, failwrite):
+@pytest.mark.parametrize("engine", ["exact", "device"])
+def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkpoint_resumes(tmp_path, failwrite,
+                                                                                              engine):
     """The disk fills during the second checkpoint: exit status 4 with the OS's words, no torn temporary file, the
     first checkpoint intact, every member's log readable with run_end "write_error"; ``--resume`` (space freed)
-    continues from the first checkpoint to the end."""
+    continues from the first checkpoint to the end. The exact engine and the device step alike."""
     import cloudpickle
 
+    from agents.population.device import DevicePopulation
     from agents.population.engine import Member, Population
     from agents.population.run import member_configs
     from agents.errors import EXIT_IO
@@ -503,10 +506,12 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
     members = [Member(s, 1e-3, 10_000) for s in range(3)]
     configs = member_configs({"env": "Acrobot-v1", "act": "relu", "n_timesteps": 600,
                               "set": ["max_episode_steps=150", "learning_starts=200", "hidden=[64]"]}, members)
-    size = len(cloudpickle.dumps(Population(configs[0], members)))  # a checkpoint's size, to within its logs' state
+    pop = Population(configs[0], members) if engine == "exact" else DevicePopulation(configs[0], members)
+    size = len(cloudpickle.dumps(pop))  # a checkpoint's size, to within its logs' state
     env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": ".pkl", "FAILWRITE_ERRNO": "28",
            "FAILWRITE_MODE": "full", "FAILWRITE_AFTER": str(int(1.5 * size))}
-    args = [sys.executable, *_POPULATION, "--out", str(tmp_path)]
+    chosen = [] if engine == "exact" else ["--set", "population_engine=device"]
+    args = [sys.executable, *_POPULATION, *chosen, "--out", str(tmp_path)]
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
