@@ -1,0 +1,198 @@
+"""Atari games stepped in C++ threads (ale-py's ``AtariVectorEnv``) as the authors' EnvPool steps them, resumable
+exactly.
+
+The authors train on EnvPool (``envpool.make_gym(game, stack_num=4, episodic_life=True, reward_clip=True)``, test
+envs ``episodic_life=False, reward_clip=False``, every other setting EnvPool's default); :class:`AtariGames` sets
+ale-py's vector env to the same pre-processing:
+
+============================  =================================  ==============================================
+EnvPool (the authors')        here                               difference
+============================  =================================  ==============================================
+frame_skip 4, max-pool of     ``frameskip=4, maxpool=True``      none
+the last two frames
+84x84 grey, INTER_AREA        ``img_height=img_width=84``,       none
+                              ``grayscale=True``
+stack_num 4, the first        ``stack_num=1`` and a stack kept   none (ale-py's own stack starts with zeros)
+frame repeated at a reset     here, the first frame repeated
+repeat_action_probability 0   ``repeat_action_probability=0``    none
+minimal action set            ``full_action_space=False``        none
+episodic_life (training)      ``life_loss_info=True``: a life    EnvPool presses no-ops and FIRE after a lost
+                              lost ends the learner's episode,   life; here the game goes on at once (the agent
+                              the game goes on                   fires itself)
+reward_clip (training)        raw rewards from C++, their sign   none (the raw score is kept as well)
+                              for training
+noop_max 30, FIRE reset       ``noop_max=30``,                   EnvPool: 1-30 no-ops then FIRE; ale-py: FIRE
+                              ``use_fire_reset=True``            then 0-29 no-ops (its order, not settable)
+max_episode_steps 108,000     ``max_num_frames_per_episode``     none
+agent steps                   = 4 x 108,000
+seed + env index              each game reseeded at its every    EnvPool seeds once; the emulators' streams
+                              start (below)                      differ either way
+============================  =================================  ==============================================
+
+Each game is started afresh (the ROM reloaded with a seed, ale-py's ``reset(seed=...)``) at every game's start,
+from a seed drawn from ``(seed, game number)``: a game is a pure function of that seed and the actions taken since,
+so pickling keeps those and unpickling replays them (at most one game per env) to the very emulator state; ale-py's
+vector env cannot save its emulators' states. Life losses do not start a new game.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from ale_py.vector_env import AtariVectorEnv, AutoresetMode
+
+__all__ = ["AtariGames", "GamesStep", "ENVPOOL", "game_name"]
+
+#: the authors' EnvPool settings (EnvPool's defaults and their overrides), which :class:`AtariGames` reproduces
+ENVPOOL = {"frame_skip": 4, "img_height": 84, "img_width": 84, "gray_scale": True, "stack_num": 4,
+           "noop_max": 30, "use_fire_reset": True, "repeat_action_probability": 0.0, "max_episode_steps": 108_000,
+           "episodic_life": {"train": True, "test": False}, "reward_clip": {"train": True, "test": False}}
+
+
+def game_name(env_id: str) -> str:
+    """ale-py's ROM name of a Gymnasium Atari id: ``ALE/Breakout-v5`` or ``BreakoutNoFrameskip-v4`` -> ``breakout``."""
+    name = env_id.split("/")[-1].split("-")[0].removesuffix("NoFrameskip").removesuffix("Deterministic")
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+@dataclass
+class GamesStep:
+    """One step of every game: ``obs`` ``(N, 4, 84, 84)`` uint8 (a finished game's next game's first stack);
+    ``reward`` ``(N,)`` float32, the sign of the score's change when training, else the change; ``score`` the raw
+    change; ``terminated`` a life lost (training) or the game over; ``truncated`` the game stopped at its length
+    limit; ``game_over`` a game finished (terminated or truncated) and the next one began; ``final_obs`` where
+    ``game_over``, the finished game's last stack; ``returns``/``lengths`` where ``game_over``, its raw score and its
+    agent steps."""
+
+    obs: np.ndarray
+    reward: np.ndarray
+    score: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    game_over: np.ndarray
+    final_obs: np.ndarray
+    returns: np.ndarray
+    lengths: np.ndarray
+
+
+class AtariGames:
+    """``len(seeds)`` games of ``game`` (ale-py's ROM name, :func:`game_name`) with the authors' EnvPool settings
+    (module docstring): ``train`` (a lost life ends the learner's episode, rewards clipped to their sign) or not;
+    game ``g`` of env ``i`` starts from a seed drawn from ``(seeds[i], g)``. ``num_threads`` C++ threads step them
+    (0: one per env, at most the machine's cores)."""
+
+    def __init__(self, game: str, seeds: Sequence[int], *, train: bool, max_episode_steps: int = 108_000,
+                 noop_max: int = 30, num_threads: int = 0) -> None:
+        self.game, self.train, self.num_threads = game, bool(train), int(num_threads)
+        self.max_episode_steps, self.noop_max = int(max_episode_steps), int(noop_max)
+        self.seeds = np.asarray(seeds, dtype=np.int64)
+        self.n = len(self.seeds)
+        self.games = np.zeros(self.n, dtype=np.int64)  # games started per env
+        self.history: list[bytearray] = [bytearray() for _ in range(self.n)]  # actions since each game's start
+        self.score = np.zeros(self.n, dtype=np.int64)
+        self.length = np.zeros(self.n, dtype=np.int64)
+        self._open()
+        self._start(np.ones(self.n, dtype=bool))
+
+    def _open(self) -> None:
+        self.env = AtariVectorEnv(
+            self.game, self.n, num_threads=self.num_threads, batch_size=0, frameskip=4, maxpool=True, img_height=84,
+            img_width=84, grayscale=True, stack_num=1, noop_max=self.noop_max, use_fire_reset=True,
+            repeat_action_probability=0.0, full_action_space=False, episodic_life=False,
+            life_loss_info=self.train, reward_clipping=False, max_num_frames_per_episode=4 * self.max_episode_steps,
+            autoreset_mode=AutoresetMode.SAME_STEP)
+        self.n_actions = int(self.env.single_action_space.n)
+        self._stack = np.zeros((self.n, 4, 84, 84), dtype=np.uint8)
+        self._lives = np.zeros(self.n, dtype=np.int32)
+        self.reset_frames = np.zeros(self.n, dtype=np.int64)  # frames each current game's reset took (FIRE, no-ops)
+        self._started = False
+
+    def game_seed(self, i: int) -> int:
+        """The emulator seed of env ``i``'s current game (a function of its seed and the game's number)."""
+        return int(np.random.SeedSequence([int(self.seeds[i]), int(self.games[i])]).generate_state(1)[0] >> 1)
+
+    def observation(self) -> np.ndarray:
+        """The current stacks ``(N, 4, 84, 84)`` uint8, oldest frame first."""
+        return self._stack.copy()
+
+    def _start(self, mask: np.ndarray, count: bool = True) -> None:
+        """Start a new game in the envs of ``mask`` (each from its game seed)."""
+        if count:
+            self.games[mask] += 1
+            for i in np.flatnonzero(mask):
+                self.history[i] = bytearray()
+        seeds = np.array([self.game_seed(i) for i in np.flatnonzero(mask)], dtype=np.int64)
+        if not self._started or mask.all():
+            obs, info = self.env.reset(seed=seeds if mask.all() else None)
+            self._started = True
+            if not mask.all():  # (a first reset must be whole; then the masked envs again, seeded)
+                obs, info = self.env.reset(seed=seeds, options={"reset_mask": mask})
+        else:
+            obs, info = self.env.reset(seed=seeds, options={"reset_mask": mask})
+        self._stack[mask] = obs[mask][:, -1:]  # the first frame, four times
+        self._lives[mask] = info["lives"][mask]
+        self.reset_frames[mask] = info["episode_frame_number"][mask]
+        self.score[mask], self.length[mask] = 0, 0
+
+    def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step every env once: (raw score change, terminated, truncated, game over, lives)."""
+        obs, score, terminated, truncated, info = self.env.step(actions.astype(np.int32))
+        # a finished game was restarted within the step (its info is the new game's; its last frame in final_obs)
+        # and is started again from its own seed by the caller
+        lives = info["lives"]
+        life_lost = terminated & (lives < self._lives) & (lives > 0) if self.train else np.zeros(self.n, bool)
+        over = (terminated & ~life_lost) | truncated
+        self._stack[:, :-1] = self._stack[:, 1:]
+        self._stack[:, -1] = np.where(over[:, None, None], info["final_obs"][:, -1], obs[:, -1]) if over.any() \
+            else obs[:, -1]
+        self._lives = lives
+        return score.astype(np.int64), terminated, truncated, over, lives
+
+    def step(self, actions: np.ndarray) -> GamesStep:
+        """Step every game with ``actions`` ``(N,)`` (indices into the minimal action set); finished games are
+        followed by the next ones at once."""
+        actions = np.asarray(actions)
+        for i, a in enumerate(actions.tolist()):
+            self.history[i].append(a)
+        score, terminated, truncated, over, _ = self._advance(actions)
+        self.score += score
+        self.length += 1
+        final = self._stack.copy()
+        returns, lengths = np.where(over, self.score, 0), np.where(over, self.length, 0)
+        if over.any():
+            self._start(over)
+        reward = (np.sign(score) if self.train else score).astype(np.float32)
+        return GamesStep(self.observation(), reward, score, terminated, truncated & ~terminated, over, final, returns, lengths)
+
+    def close(self) -> None:
+        self.env.close()
+
+    # --- pickling: the seeds and the actions of each current game, replayed ------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("env", "_stack", "_lives", "_started", "reset_frames")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open()
+        self._replay()
+
+    def _replay(self) -> None:
+        """Bring every env to where its current game stands: its game restarted from its seed, its actions replayed,
+        all envs in lockstep (an env with a shorter game starts later, stepping no-ops before)."""
+        lengths = [len(h) for h in self.history]
+        total = max(lengths)
+        begin = np.array([total - n for n in lengths])
+        score, length = self.score.copy(), self.length.copy()
+        self._start(np.ones(self.n, dtype=bool), count=False)
+        for t in range(total):
+            due = (begin == t) & (t > 0)
+            if due.any():
+                self._start(due, count=False)
+            actions = np.array([h[t - b] if t >= b else 0 for h, b in zip(self.history, begin)], dtype=np.int32)
+            self._advance(actions)
+        self.score, self.length = score, length
