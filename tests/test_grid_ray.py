@@ -276,13 +276,13 @@ def test_a_population_whose_worker_is_killed_resumes_from_its_checkpoint(cluster
         _assert_same_results(a, b)
 
 
-def _cuda(task):
-    """``task`` with its runs' configs saying device cuda (which this machine's config checks would refuse)."""
+def _cuda(task, device="cuda"):
+    """``task`` with its runs' configs saying ``device`` (which this machine's config checks would refuse)."""
     from dataclasses import replace
 
     from agents.grid import PopulationTask
 
-    runs = tuple(replace(r, config={**r.config, "device": "cuda"}) for r in
+    runs = tuple(replace(r, config={**r.config, "device": device}) for r in
                  (task.runs if isinstance(task, PopulationTask) else (task,)))
     return replace(task, runs=runs) if isinstance(task, PopulationTask) else runs[0]
 
@@ -300,14 +300,40 @@ def test_populations_on_cuda_ask_ray_for_a_share_of_a_gpu_by_their_memory(tmp_pa
     assert gpu_share(_cuda(single), 100 * need) == 1.0  # a single run: a whole GPU
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the cluster's declared GPU is a real one here")
 def test_a_grid_on_cuda_is_refused_where_the_clusters_gpus_cannot_run_it(cluster, tmp_path, monkeypatch):
     from agents.errors import ConfigError
+    from agents.grid.drive import _Stop
     from agents.grid.ray_backend import _gpu_shares
 
-    work = [_cuda(t) for t in tasks(plan(load_grid(_write(tmp_path / "p.yml", POPULATION)), tmp_path / "p"))]
-    assert _gpu_shares([t for t in tasks(plan(load_grid(tmp_path / "p.yml"), tmp_path / "p"))]) == {}  # CPU only
+    cpu = tasks(plan(load_grid(_write(tmp_path / "p.yml", POPULATION)), tmp_path / "p"))
+    work = [_cuda(t) for t in cpu]
+    assert _gpu_shares(cpu, _Stop()) == {}  # CPU only
     with pytest.raises(ConfigError, match=r"GPU tasks cannot use CUDA \(torch.cuda.is_available\(\) is False"):
-        _gpu_shares(work)  # the cluster declares a GPU that this machine does not have
+        _gpu_shares(work, _Stop())  # the cluster declares a GPU that this machine does not have
+    for device in ("auto", "cuda:1"):
+        with pytest.raises(ConfigError, match="on Ray name device: cuda or device: cpu, not auto or cuda:N"):
+            _gpu_shares([_cuda(t, device) for t in cpu], _Stop())
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     with pytest.raises(ConfigError, match="2 of this grid's tasks ask for device cuda and the Ray cluster has no GPUs"):
-        _gpu_shares(work)
+        _gpu_shares(work, _Stop())
+
+
+def test_a_grid_on_cuda_waits_for_a_gpu_only_so_long(cluster, tmp_path, monkeypatch):
+    """Every GPU busy: the probe of a GPU's memory gives up after PROBE_S with a one-line refusal, and is cancelled."""
+    from agents.errors import ConfigError
+    from agents.grid import ray_backend
+    from agents.grid.drive import _Stop
+
+    work = [_cuda(t) for t in tasks(plan(load_grid(_write(tmp_path / "p.yml", POPULATION)), tmp_path / "p"))]
+    busy = ray.remote(num_gpus=1, num_cpus=0)(lambda s: time.sleep(s)).remote(60)  # (a lambda: pickled by value)
+    try:
+        deadline = time.time() + 60
+        while ray.available_resources().get("GPU", 0) > 0:  # until the sleeper holds the GPU
+            assert time.time() < deadline, "the sleeping task never got the GPU"
+            time.sleep(0.1)
+        monkeypatch.setattr(ray_backend, "PROBE_S", 2.0)
+        with pytest.raises(ConfigError, match="no GPU of the Ray cluster came free in 2 s to read its memory"):
+            ray_backend._gpu_shares(work, _Stop())
+    finally:
+        ray.cancel(busy, force=True)

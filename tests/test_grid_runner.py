@@ -341,6 +341,18 @@ def test_population_size_auto_fills_the_devices_memory_and_the_plan_says_so(tmp_
         plan(_population_spec(population_size="most"), tmp_path)
 
 
+def test_population_size_auto_on_a_cuda_device_this_machine_lacks_is_refused(monkeypatch):
+    import torch
+
+    from agents.errors import ConfigError
+    from agents.population import memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="sizes populations by the free memory of cuda here, and this machine has no "
+                                          "CUDA device: plan on the GPU machine, or give population_size: N"):
+        memory.budget("cuda")
+
+
 def test_population_size_auto_on_a_cpu_stops_at_its_most_members(tmp_path, monkeypatch):
     """On a CPU a population holds at most memory.CPU_MEMBERS members, however much memory there is."""
     from agents.grid import tasks

@@ -138,7 +138,8 @@ def _runs(task: Task) -> tuple[GridRun, ...]:
 def tasks(runs: Sequence[GridRun]) -> list[Task]:
     """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in their
     engine's member keys form population tasks (as few as hold them: of at most ``population_size`` members, or for
-    ``auto`` as many as the engine's capacity on the device allows, and of equal sizes), any other run is a task.
+    ``auto`` as many as the engine's capacity on the device allows, their sizes differing by at most one), any other
+    run is a task.
     Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
     are now): a checkpoint all of whose members are still to do is resumed, not orphaned."""
 

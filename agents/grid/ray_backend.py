@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -74,7 +75,7 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
             slots = workers or cpus
             started = " (started here)" if owned and not address else ""
             limit = f", {slots} task{'s' * (slots > 1)} at a time (--workers)" if workers else ""
-            shares = _gpu_shares(work)
+            shares = _gpu_shares(work, stop)
             if shares:
                 low, high = min(shares.values()), max(shares.values())
                 limit += f"; tasks on cuda take {low:g}{f'-{high:g}' if high > low else ''} of a GPU each"
@@ -109,29 +110,52 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
             ray.shutdown()
 
 
-#: GPU memory each task's process takes beyond its estimate: its CUDA context and the allocator's slack
+#: GPU memory allowed for each task's process beyond its estimate (its CUDA context and the allocator's slack): an
+#: allowance, not a measurement
 CUDA_OVERHEAD = 2**30
+#: seconds to wait for a GPU of the cluster to read its memory
+PROBE_S = 60.0
 
 
 def _on_cuda(task: Task) -> bool:
     return any(str(r.config.get("device", "cpu")).startswith("cuda") for r in _runs(task))
 
 
-def _gpu_shares(work: Sequence[Task]) -> dict[int, float]:
+def _gpu_shares(work: Sequence[Task], stop: _Stop) -> dict[int, float]:
     """The share of one GPU each task on CUDA asks Ray for (by ``id``): a population, its engine's memory estimate
-    plus :data:`CUDA_OVERHEAD` over the memory of the cluster's GPUs (in hundredths, rounded up; at most 1), so that
-    small populations share a GPU; any other run, a whole GPU. Refuses a cluster without GPUs, or whose GPU tasks
-    cannot use CUDA."""
+    plus :data:`CUDA_OVERHEAD` over the memory of a GPU of the cluster (probed by a task given one; the cluster's
+    GPUs are taken to be alike), in hundredths, rounded up, at most 1, so that small populations share a GPU; any
+    other run, a whole GPU. Refuses ``cuda:N``, and ``auto`` on a cluster with GPUs (Ray picks the GPU, shows a task
+    only its own and hides them all from tasks that ask for none), a cluster without GPUs, or one whose GPU tasks
+    cannot use CUDA; a stop signal while waiting for a GPU raises KeyboardInterrupt."""
     import ray
+    from ray.exceptions import RayError
 
+    devices = {str(r.config.get("device", "cpu")) for t in work for r in _runs(t)}
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if any(d.startswith("cuda:") for d in devices) or "auto" in devices and gpus:
+        raise ConfigError("on Ray name device: cuda or device: cpu, not auto or cuda:N (Ray hides the GPUs from tasks "
+                          "that ask for none, and shows a task given one only that GPU)")
     cuda = [t for t in work if _on_cuda(t)]
     if not cuda:
         return {}
-    gpus = ray.cluster_resources().get("GPU", 0)
     if not gpus:
         raise ConfigError(f"{len(cuda)} of this grid's tasks ask for device cuda and the Ray cluster has no GPUs: "
                           "start its nodes with GPUs (ray start --num-gpus N), or set device: cpu")
-    usable, total = ray.get(ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_cuda_memory).remote())
+    ref = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_cuda_memory).remote()
+    deadline = time.monotonic() + PROBE_S
+    while not ray.wait([ref], timeout=0.5)[0]:
+        if stop.signum is not None or time.monotonic() > deadline:
+            ray.cancel(ref, force=True)
+            if stop.signum is not None:
+                raise KeyboardInterrupt
+            raise ConfigError(f"no GPU of the Ray cluster came free in {PROBE_S:.0f} s to read its memory; run the "
+                              "grid when one is free")
+    try:
+        usable, total = ray.get(ref)
+    except RayError as err:
+        raise ConfigError(f"reading a GPU's memory in a Ray task failed ({type(err).__name__}: "
+                          f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''})") from None
     if not usable:
         raise ConfigError("the Ray cluster's GPU tasks cannot use CUDA (torch.cuda.is_available() is False in a task "
                           "given a GPU): check its nodes' drivers and torch build, or set device: cpu")

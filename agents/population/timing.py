@@ -4,9 +4,11 @@ A population's run is ``learning_starts`` steps acting at random, then steps tha
 every member (one update per env step). :func:`population_seconds` times both kinds of step on a throwaway
 population of the same members, network, task and device (its ``learning_starts`` cut to one batch, so that updates
 start at once; untimed warm-up steps first) and applies them to the run's length. Compiled implementations are timed
-through their eager twins, scaled by the compiled step's speed-up measured once per implementation and device (one
-compile, which Inductor's cache then serves to the training itself); compiles, probes, read-backs and checkpoints
-are not counted. Each shape (the shared config, the number of members, the largest buffer, the device) is timed once per
+through their eager twins, scaled by the compiled step's speed-up measured once per implementation and device, on
+the first population timed (one compile, which Inductor's cache then serves to that population's training; where
+it fails, the eager time stands): networks the compiler speeds up more or less than that one make the estimate
+rough. Compiles, probes, read-backs and checkpoints are not counted, and a resumed population is counted from step
+0. Each shape (the shared config, the number of members, the largest buffer, the device) is timed once per
 process.
 """
 
@@ -94,7 +96,10 @@ def population_seconds(configs: Sequence[Mapping[str, Any]], members: Sequence[A
     random_s, full_s = _TIMED[shape]
     if eager != implementation:
         if (implementation, device) not in _SPEEDUP:
-            _SPEEDUP[implementation, device] = full_s / step_seconds(config, members, implementation, device)[1]
+            try:
+                _SPEEDUP[implementation, device] = full_s / step_seconds(config, members, implementation, device)[1]
+            except Exception:  # (a compile that fails here fails in training too, which says why; "auto" runs eagerly)
+                _SPEEDUP[implementation, device] = 1.0
         full_s /= _SPEEDUP[implementation, device]
     steps, starts = int(config["n_timesteps"]), int(config["learning_starts"])
     return min(steps, starts) * random_s + max(0, steps - starts) * full_s
