@@ -188,3 +188,20 @@ def test_atari_report_draws_the_papers_gradcov_figure(smoke, tmp_path):
         assert (tmp_path / "report" / f"{algo}_ALE-Breakout-v5_gradcov.png").is_file()
         assert (tmp_path / "report" / f"{algo}_ALE-Breakout-v5_returns.png").is_file()
     assert "elephant" in proc.stdout and "relu" in proc.stdout
+
+
+def test_the_c_plus_plus_vector_env_is_a_setting_for_atari_only():
+    c = resolve("dqn", {"env": "ALE/Breakout-v5", "atari_env": "ale-vector"})
+    assert c["atari_env"] == "ale-vector" and c["derived"]["observation_shape"] == [4, 84, 84]
+    with pytest.raises(ConfigError, match="atari_env: ale-vector is for Atari ids .*, not CartPole-v1"):
+        resolve("dqn", {"env": "CartPole-v1", "atari_env": "ale-vector"})
+    with pytest.raises(ConfigError, match=r"leave env_kwargs, atari_wrapper_kwargs and frame_stack as they are \(got "
+                                          r"env_kwargs \{'full_action_space': True\}"):
+        resolve("dqn", {"env": "ALE/Breakout-v5", "atari_env": "ale-vector", "env_kwargs": {"full_action_space": True}})
+    train, test = (env := build_env(c)), build_eval_env(c, seed=5)
+    try:  # training: a lost life ends the learner's episode and rewards are clipped; testing: whole games
+        assert train.games.train and not test.games.train
+        assert train.reset().shape == (1, 4, 84, 84) and train.observation_space.shape == (4, 84, 84)
+    finally:
+        env.close()
+        test.close()

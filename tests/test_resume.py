@@ -50,6 +50,10 @@ ALGOS = {
     "atari-dqn": ["dqn", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100", "--set",
                   "buffer_size=400", "--probe", "gradcov", "--probe-every", "300", "--checkpoint-every", "150",
                   "--threads", "1"],
+    # ale-py's C++ vector env: its games restarted from their seeds and their actions replayed
+    "atari-vector-dqn": ["dqn", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100", "--set",
+                         "buffer_size=400", "--set", "atari_env=ale-vector", "--probe", "gradcov", "--probe-every",
+                         "300", "--checkpoint-every", "150", "--threads", "1"],
     "atari-rainbow": ["rainbow", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100",
                       "--set", "buffer_size=400", "--probe", "gradcov", "--probe-every", "300",
                       "--checkpoint-every", "150", "--threads", "1"],
@@ -66,6 +70,7 @@ SCENARIOS = {
     "rainbow": {"after-rename": "checkpoint.after_rename:2"},
     "atari-dqn": {"mid-checkpoint": "checkpoint.mid_write:2", "after-rename": "checkpoint.after_rename:2"},
     "atari-rainbow": {"after-rename": "checkpoint.after_rename:3"},
+    "atari-vector-dqn": {"mid-checkpoint": "checkpoint.mid_write:2", "after-rename": "checkpoint.after_rename:3"},
 }
 
 
@@ -187,7 +192,7 @@ def batches(tmp_path_factory):
 #: the PPO, Rainbow and Atari scenarios (rollouts, sum tree and noise, ALE state, frame buffer chunks) run in
 #: .ci/run's step of long tests (pytest -m long), apart from the default run's 10 minutes, as do the grid's and
 #: VecNormalize's scenarios below; the default run keeps DQN's six
-LONG = {"ppo", "rainbow", "atari-dqn", "atari-rainbow"}
+LONG = {"ppo", "rainbow", "atari-dqn", "atari-rainbow", "atari-vector-dqn"}
 
 
 @pytest.mark.parametrize("algo, scenario", [pytest.param(a, s, marks=[pytest.mark.long] if a in LONG else [])

@@ -37,14 +37,17 @@ vector env cannot save its emulators' states. Life losses do not start a new gam
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv, AutoresetMode
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import VecEnv
 
-__all__ = ["AtariGames", "GamesStep", "ENVPOOL", "game_name"]
+__all__ = ["AtariGames", "AtariGamesVecEnv", "GamesStep", "ENVPOOL", "game_name"]
 
 #: the authors' EnvPool settings (EnvPool's defaults and their overrides), which :class:`AtariGames` reproduces
 ENVPOOL = {"frame_skip": 4, "img_height": 84, "img_width": 84, "gray_scale": True, "stack_num": 4,
@@ -196,3 +199,55 @@ class AtariGames:
             actions = np.array([h[t - b] if t >= b else 0 for h, b in zip(self.history, begin)], dtype=np.int32)
             self._advance(actions)
         self.score, self.length = score, length
+
+
+class AtariGamesVecEnv(VecEnv):
+    """:class:`AtariGames` as an SB3 ``VecEnv``: observations ``(N, 4, 84, 84)`` uint8 (channel-first), ``dones`` at
+    a lost life (training) and at a game's end, each with ``infos[i]["terminal_observation"]`` (a lost life: the
+    stack the game goes on from) and ``"TimeLimit.truncated"``; at a game's end ``infos[i]["episode"]`` holds its raw
+    score and length as SB3's ``Monitor`` gives them (``r``, ``l``, ``t``). Pickles as :class:`AtariGames` does."""
+
+    def __init__(self, games: AtariGames) -> None:
+        self.games = games
+        super().__init__(games.n, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(games.n_actions))
+        self._actions: np.ndarray | None = None
+        self._began = time.time()
+
+    def reset(self) -> np.ndarray:
+        """The current stacks (the games run on from where they are: each started at its seed already)."""
+        return self.games.observation()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions).reshape(self.num_envs)
+
+    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        s = self.games.step(self._actions)
+        dones = s.terminated | s.truncated
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for i in np.flatnonzero(dones):
+            infos[i]["terminal_observation"] = s.final_obs[i] if s.game_over[i] else s.obs[i]
+            infos[i]["TimeLimit.truncated"] = bool(s.truncated[i] and not s.terminated[i])
+            if s.game_over[i]:
+                infos[i]["episode"] = {"r": float(s.returns[i]), "l": int(s.lengths[i]),
+                                       "t": round(time.time() - self._began, 6)}
+        return s.obs, s.reward, dones, infos
+
+    def close(self) -> None:
+        self.games.close()
+
+    def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
+        return [getattr(self, attr_name)] * len(self._indices(indices))
+
+    def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
+        setattr(self, attr_name, value)
+
+    def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> list[Any]:
+        raise AttributeError(f"the games of AtariGamesVecEnv have no method {method_name!r} of their own")
+
+    def env_is_wrapped(self, wrapper_class: type, indices: Any = None) -> list[bool]:
+        return [False] * len(self._indices(indices))
+
+    def _indices(self, indices: Any) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        return [indices] if isinstance(indices, int) else list(indices)

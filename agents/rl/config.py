@@ -326,7 +326,7 @@ def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
 
 _ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm", "net_arch", "match_width",
           "features_dim", "n_timesteps", "learning_rate", "lr_schedule", "optimizer", "optimizer_kwargs")
-_TAIL = ("n_envs", "max_episode_steps", "env_kwargs", "frame_stack", "atari_wrapper_kwargs", "policy_kwargs",
+_TAIL = ("n_envs", "max_episode_steps", "env_kwargs", "frame_stack", "atari_wrapper_kwargs", "atari_env", "policy_kwargs",
          "probe", "probe_every", "probe_kwargs", "probe_inputs", "device", "torch_threads", "progress",
          "checkpoint_every", "sb3_log", "derived")
 

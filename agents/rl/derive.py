@@ -15,7 +15,7 @@ from agents.errors import ConfigError
 from interference.activation_spec import activation_spec
 from interference.nets import match_width
 
-from .envs import env_spaces, is_minatar
+from .envs import ale_vector_refusal, env_spaces, is_minatar
 from .policies import cnn_flat_features, minatar_flat_features
 
 if TYPE_CHECKING:
@@ -46,8 +46,10 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
     width-matched by parameter count when the config asks; sets ``features_dim`` for image observations (the Nature
     CNN's 512-unit layer; MinAtar: 128 after its 16-channel convolution, ``derived["trunk"] = "minatar"``)."""
     algo = spec.name
-    env_kw = {k: config[k] for k in ("env_kwargs", "max_episode_steps", "frame_stack", "atari_wrapper_kwargs")
-              if k in config}
+    env_kw = {k: config[k] for k in ("env_kwargs", "max_episode_steps", "frame_stack", "atari_wrapper_kwargs",
+                                     "atari_env") if k in config}
+    if config.get("atari_env", "sb3") == "ale-vector" and (why := ale_vector_refusal(config)):
+        raise ConfigError(why)
     try:
         obs_space, action_space = env_spaces(config["env"], **env_kw)
     except Exception as err:  # noqa: BLE001  (gym raises many kinds for bad env kwargs)

@@ -36,7 +36,7 @@ import agents.envs  # noqa: F401  (registers Catcher-PLE-v0 and Pixelcopter-PLE-
 
 gym.register_envs(ale_py)
 
-__all__ = ["is_atari", "is_minatar", "check_env_id", "make_env", "env_spaces", "MINATAR_MISSING"]
+__all__ = ["is_atari", "is_minatar", "check_env_id", "make_env", "env_spaces", "ale_vector_refusal", "MINATAR_MISSING"]
 
 MINATAR_MISSING = "MinAtar is not installed: pip install -e '.[minatar]' (PyPI package minatar)"
 
@@ -123,8 +123,17 @@ def _atari_wrappers(env: gym.Env, **kwargs: Any) -> gym.Env:
 
 def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwargs: Mapping[str, Any] | None = None,
              max_episode_steps: int | None = None, frame_stack: int = 4,
-             atari_wrapper_kwargs: Mapping[str, Any] | None = None) -> VecEnv:
-    """A monitored ``VecEnv`` of ``n_envs`` copies of ``env_id`` (Atari: pre-processed and frame-stacked)."""
+             atari_wrapper_kwargs: Mapping[str, Any] | None = None, atari_env: str = "sb3",
+             evaluation: bool = False) -> VecEnv:
+    """A monitored ``VecEnv`` of ``n_envs`` copies of ``env_id`` (Atari: pre-processed and frame-stacked; with
+    ``atari_env="ale-vector"`` ale-py's C++ vector env, :mod:`agents.rl.ale_vector`, whose ``max_episode_steps``
+    counts agent steps, default 108,000; ``evaluation``: whole games and raw scores)."""
+    if atari_env == "ale-vector" and is_atari(env_id):
+        from .ale_vector import AtariGames, AtariGamesVecEnv, game_name
+
+        base = 0 if seed is None else int(seed)
+        return AtariGamesVecEnv(AtariGames(game_name(env_id), [base + i for i in range(n_envs)], train=not evaluation,
+                                           max_episode_steps=max_episode_steps or 108_000))
     kwargs = dict(env_kwargs or {})
     if max_episode_steps is not None:
         kwargs["max_episode_steps"] = int(max_episode_steps)
@@ -134,6 +143,20 @@ def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwarg
                             wrapper_class=_atari_wrappers, wrapper_kwargs=dict(atari_wrapper_kwargs or {}))
         return VecFrameStack(venv, n_stack=frame_stack) if frame_stack and frame_stack > 1 else venv
     return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=kwargs)
+
+
+def ale_vector_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why ``atari_env: ale-vector`` cannot make ``config``'s env (not an Atari id, or settings of the other path)."""
+    if not is_atari(config["env"]):
+        return f"atari_env: ale-vector is for Atari ids (ALE/...-v5), not {config['env']}"
+    extra = {k: v for k, v in dict(config.get("env_kwargs") or {}).items()
+             if (k, v) not in (("repeat_action_probability", 0.0), ("full_action_space", False))}
+    if extra or config.get("atari_wrapper_kwargs") or config.get("frame_stack", 4) != 4:
+        return ("atari_env: ale-vector steps games with the authors' EnvPool settings (4 stacked 84x84 grey frames, "
+                "no sticky actions, the minimal action set); leave env_kwargs, atari_wrapper_kwargs and frame_stack "
+                f"as they are (got env_kwargs {extra or {}}, atari_wrapper_kwargs "
+                f"{dict(config.get('atari_wrapper_kwargs') or {})}, frame_stack {config.get('frame_stack', 4)})")
+    return None
 
 
 def _freeze(value: Any) -> Any:

@@ -51,7 +51,8 @@ def build_env(config: Mapping[str, Any], seed: int | None = None) -> VecEnv:
     observations or rewards; its statistics travel with the env into checkpoints)."""
     env = make_env(config["env"], n_envs=config.get("n_envs", 1), seed=config["seed"] if seed is None else seed,
                    env_kwargs=config.get("env_kwargs"), max_episode_steps=config.get("max_episode_steps"),
-                   frame_stack=config.get("frame_stack", 4), atari_wrapper_kwargs=config.get("atari_wrapper_kwargs"))
+                   frame_stack=config.get("frame_stack", 4), atari_wrapper_kwargs=config.get("atari_wrapper_kwargs"),
+                   atari_env=config.get("atari_env", "sb3"))
     obs, reward = bool(config.get("normalize_obs")), bool(config.get("normalize_reward"))
     if obs or reward:
         env = VecNormalize(env, norm_obs=obs, norm_reward=reward, gamma=config.get("gamma", 0.99))
@@ -66,7 +67,7 @@ def build_eval_env(config: Mapping[str, Any], seed: int) -> VecEnv:
         wrapper.update(terminal_on_life_loss=False, clip_reward=False)
     return make_env(config["env"], n_envs=1, seed=seed, env_kwargs=config.get("env_kwargs"),
                     max_episode_steps=config.get("max_episode_steps"), frame_stack=config.get("frame_stack", 4),
-                    atari_wrapper_kwargs=wrapper)
+                    atari_wrapper_kwargs=wrapper, atari_env=config.get("atari_env", "sb3"), evaluation=True)
 
 
 def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,9 @@ class Common:
     env_kwargs: dict = _s(c.env_kwargs, "arguments of gymnasium.make (no render_mode)")
     frame_stack: int = _s(c.integer(1), "frames stacked (image observations)")
     atari_wrapper_kwargs: dict = _s(c.mapping, "arguments of SB3's AtariWrapper")
+    atari_env: str = _s(c.choice("sb3", "ale-vector"), "Atari's env: sb3 (Gymnasium's ALE env in SB3's AtariWrapper and "
+                                                       "VecFrameStack) or ale-vector (ale-py's C++ vector env with the "
+                                                       "authors' EnvPool settings, agents.rl.ale_vector)")
     policy_kwargs: dict = _s(c.mapping, "further arguments of the policy class")
     normalize_obs: bool = _s(c.boolean(), "normalise observations by running mean and std (SB3's VecNormalize; the "
                                           "authors' PPO and SAC on MuJoCo)")
