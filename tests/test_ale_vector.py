@@ -58,10 +58,11 @@ class _Reference:
         return raw, over or life_lost, over
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_each_step_is_its_definition_from_the_emulator(train):
-    games = AtariGames("breakout", [3, 4], train=train, num_threads=1)
-    refs = [_Reference("breakout", train) for _ in range(2)]
+@pytest.mark.parametrize("game, train, steps, ends", [("breakout", True, 700, 2), ("breakout", False, 700, 2),
+                                                     ("freeway", True, 300, 0)])  # (Freeway: no FIRE, no lives)
+def test_each_step_is_its_definition_from_the_emulator(game, train, steps, ends):
+    games = AtariGames(game, [3, 4], train=train, num_threads=1)
+    refs = [_Reference(game, train) for _ in range(2)]
 
     def start(i: int) -> None:
         refs[i].start(games.game_seed(i), int(games.reset_frames[i]))
@@ -71,7 +72,7 @@ def test_each_step_is_its_definition_from_the_emulator(train):
     assert np.array_equal(games.observation(), np.stack([np.stack(r.stack) for r in refs]))
     rng = np.random.default_rng(0)
     over_seen = 0
-    for t in range(700):
+    for t in range(steps):
         actions = rng.integers(0, games.n_actions, size=2)
         step = games.step(actions)
         for i, r in enumerate(refs):
@@ -83,7 +84,7 @@ def test_each_step_is_its_definition_from_the_emulator(train):
                 start(i)
                 over_seen += 1
             assert np.array_equal(step.obs[i], np.stack(r.stack)), (t, i)
-    assert over_seen >= 2
+    assert over_seen >= ends
 
 
 def test_pickled_games_resume_to_the_same_emulators():
@@ -101,10 +102,29 @@ def test_pickled_games_resume_to_the_same_emulators():
             assert np.array_equal(getattr(a, field), getattr(b, field)), field
 
 
+def test_games_pickled_as_one_of_them_begins_resume_to_the_same_emulators():
+    """A checkpoint right after one env's game ended (its new game has no actions yet) while another is mid-game."""
+    games = AtariGames("breakout", [0, 1], train=False, num_threads=1)
+    rng = np.random.default_rng(2)
+    for _ in range(3000):
+        games.step(rng.integers(0, games.n_actions, size=2))
+        lengths = [len(h) for h in games.history]
+        if min(lengths) == 0 < max(lengths):
+            break
+    assert min(lengths) == 0 < max(lengths)
+    copy = pickle.loads(pickle.dumps(games))
+    assert np.array_equal(copy.observation(), games.observation())
+    for _ in range(200):
+        actions = rng.integers(0, games.n_actions, size=2)
+        a, b = games.step(actions), copy.step(actions)
+        assert np.array_equal(a.obs, b.obs) and np.array_equal(a.score, b.score)
+
+
 def test_the_settings_are_the_authors_envpool_settings():
     assert ENVPOOL["max_episode_steps"] == 108_000 and ENVPOOL["noop_max"] == 30
     games = AtariGames("breakout", [0], train=True, num_threads=1, max_episode_steps=5)
     ends = [games.step(np.array([0])) for _ in range(5)]
     assert [bool(s.truncated[0]) for s in ends] == [False] * 4 + [True]  # 5 agent steps = 20 frames
-    assert [game_name(e) for e in ("ALE/Breakout-v5", "ALE/KungFuMaster-v5", "NameThisGameNoFrameskip-v4")] == \
-        ["breakout", "kung_fu_master", "name_this_game"]
+    assert [game_name(e) for e in ("ALE/Breakout-v5", "ALE/KungFuMaster-v5", "NameThisGameNoFrameskip-v4",
+                                   "ALE/TicTacToe3D-v5")] == ["breakout", "kung_fu_master", "name_this_game",
+                                                              "tic_tac_toe_3d"]

@@ -16,13 +16,13 @@ stack_num 4, the first        ``stack_num=1`` and a stack kept   none (ale-py's 
 frame repeated at a reset     here, the first frame repeated
 repeat_action_probability 0   ``repeat_action_probability=0``    none
 minimal action set            ``full_action_space=False``        none
-episodic_life (training)      ``life_loss_info=True``: a life    EnvPool presses no-ops and FIRE after a lost
-                              lost ends the learner's episode,   life; here the game goes on at once (the agent
-                              the game goes on                   fires itself)
+episodic_life (training)      a life lost (ale-py's lives test)  EnvPool presses no-ops and FIRE after a lost
+                              ends the learner's episode, the    life; here the game goes on at once (the agent
+                              game goes on                       fires itself)
 reward_clip (training)        raw rewards from C++, their sign   none (the raw score is kept as well)
                               for training
-noop_max 30, FIRE reset       ``noop_max=30``,                   EnvPool: 1-30 no-ops then FIRE; ale-py: FIRE
-                              ``use_fire_reset=True``            then 0-29 no-ops (its order, not settable)
+noop_max 30, FIRE reset       ``noop_max=30``,                   EnvPool: 0-29 no-ops then FIRE; ale-py: FIRE
+                              ``use_fire_reset=True``            then 0-28 no-ops (its order, not settable)
 max_episode_steps 108,000     ``max_num_frames_per_episode``     none
 agent steps                   = 4 x 108,000
 seed + env index              each game reseeded at its every    EnvPool seeds once; the emulators' streams
@@ -56,9 +56,10 @@ ENVPOOL = {"frame_skip": 4, "img_height": 84, "img_width": 84, "gray_scale": Tru
 
 
 def game_name(env_id: str) -> str:
-    """ale-py's ROM name of a Gymnasium Atari id: ``ALE/Breakout-v5`` or ``BreakoutNoFrameskip-v4`` -> ``breakout``."""
-    name = env_id.split("/")[-1].split("-")[0].removesuffix("NoFrameskip").removesuffix("Deterministic")
-    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+    """ale-py's ROM name of a Gymnasium Atari id (its registered ``game``): ``ALE/Breakout-v5`` -> ``breakout``."""
+    import gymnasium as gym
+
+    return str(gym.spec(env_id).kwargs["game"])
 
 
 @dataclass
@@ -105,7 +106,7 @@ class AtariGames:
             self.game, self.n, num_threads=self.num_threads, batch_size=0, frameskip=4, maxpool=True, img_height=84,
             img_width=84, grayscale=True, stack_num=1, noop_max=self.noop_max, use_fire_reset=True,
             repeat_action_probability=0.0, full_action_space=False, episodic_life=False,
-            life_loss_info=self.train, reward_clipping=False, max_num_frames_per_episode=4 * self.max_episode_steps,
+            life_loss_info=False, reward_clipping=False, max_num_frames_per_episode=4 * self.max_episode_steps,
             autoreset_mode=AutoresetMode.SAME_STEP)
         self.n_actions = int(self.env.single_action_space.n)
         self._stack = np.zeros((self.n, 4, 84, 84), dtype=np.uint8)
@@ -142,17 +143,17 @@ class AtariGames:
 
     def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Step every env once: (raw score change, terminated, truncated, game over, lives)."""
-        obs, score, terminated, truncated, info = self.env.step(actions.astype(np.int32))
+        obs, score, game_over, truncated, info = self.env.step(actions.astype(np.int32))
         # a finished game was restarted within the step (its info is the new game's; its last frame in final_obs)
-        # and is started again from its own seed by the caller
+        # and is started again from its own seed by the caller; a life lost, as ale-py's own test on other steps
+        over = game_over | truncated
         lives = info["lives"]
-        life_lost = terminated & (lives < self._lives) & (lives > 0) if self.train else np.zeros(self.n, bool)
-        over = (terminated & ~life_lost) | truncated
+        life_lost = ~over & (lives > 0) & (lives < self._lives) if self.train else np.zeros(self.n, dtype=bool)
         self._stack[:, :-1] = self._stack[:, 1:]
         self._stack[:, -1] = np.where(over[:, None, None], info["final_obs"][:, -1], obs[:, -1]) if over.any() \
             else obs[:, -1]
         self._lives = lives
-        return score.astype(np.int64), terminated, truncated, over, lives
+        return score.astype(np.int64), game_over | life_lost, truncated & ~game_over, over, lives
 
     def step(self, actions: np.ndarray) -> GamesStep:
         """Step every game with ``actions`` ``(N,)`` (indices into the minimal action set); finished games are
@@ -168,7 +169,7 @@ class AtariGames:
         if over.any():
             self._start(over)
         reward = (np.sign(score) if self.train else score).astype(np.float32)
-        return GamesStep(self.observation(), reward, score, terminated, truncated & ~terminated, over, final, returns, lengths)
+        return GamesStep(self.observation(), reward, score, terminated, truncated, over, final, returns, lengths)
 
     def close(self) -> None:
         self.env.close()
@@ -198,6 +199,9 @@ class AtariGames:
                 self._start(due, count=False)
             actions = np.array([h[t - b] if t >= b else 0 for h, b in zip(self.history, begin)], dtype=np.int32)
             self._advance(actions)
+        idle = (begin == total) & (total > 0)  # envs whose game has just begun: no actions to replay
+        if idle.any():
+            self._start(idle, count=False)
         self.score, self.length = score, length
 
 
@@ -206,6 +210,8 @@ class AtariGamesVecEnv(VecEnv):
     a lost life (training) and at a game's end, each with ``infos[i]["terminal_observation"]`` (a lost life: the
     stack the game goes on from) and ``"TimeLimit.truncated"``; at a game's end ``infos[i]["episode"]`` holds its raw
     score and length as SB3's ``Monitor`` gives them (``r``, ``l``, ``t``). Pickles as :class:`AtariGames` does."""
+
+    render_mode = None
 
     def __init__(self, games: AtariGames) -> None:
         self.games = games
