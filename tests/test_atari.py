@@ -205,3 +205,13 @@ def test_the_c_plus_plus_vector_env_is_a_setting_for_atari_only():
     finally:
         env.close()
         test.close()
+
+
+def test_the_env_paths_comparison_runs(capsys):
+    from agents.rl.bench_atari_envs import frame_differences, main
+
+    same = frame_differences("breakout", 50, seed=0)
+    assert same == {"differ": 0.0, "mean_abs": 0.0, "max_abs": 0}  # Breakout's palette grey is OpenCV's grey
+    assert main(["--games", "Breakout", "--episodes", "2", "--frames", "20", "--json"]) == 0
+    row, = json.loads(capsys.readouterr().out)
+    assert row["game"] == "Breakout" and set(row) >= {"sb3", "ale-vector", "differ"}
