@@ -3,7 +3,8 @@
 A population's run is ``learning_starts`` steps acting at random, then steps that act epsilon-greedily and update
 every member (one update per env step). :func:`population_seconds` times both kinds of step on a throwaway
 population of the same members, network, task and device (its ``learning_starts`` cut to one batch, so that updates
-start at once; untimed warm-up steps first) and applies them to the run's length. Compiled implementations are timed
+start at once; untimed warm-up steps first; one torch thread and glibc's allocator as training sets them) and
+applies them to the run's length. Compiled implementations are timed
 through their eager twins, scaled by the compiled step's speed-up measured once per implementation and device, on
 the first population timed (one compile, which Inductor's cache then serves to that population's training; where
 it fails, the eager time stands): networks the compiler speeds up more or less than that one make the estimate
@@ -20,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+from agents.allocator import retain_freed_memory
 
 from . import MEMBER_KEYS
 
@@ -43,6 +46,7 @@ def step_seconds(config: Mapping[str, Any], members: Sequence[Any], implementati
     from .run import _engine
 
     config = {**config, "learning_starts": int(config["batch_size"])}
+    retain_freed_memory()  # as training sets it (this process then keeps the heap of the largest step timed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if config.get("torch_threads") is None else int(config["torch_threads"]))
     try:
