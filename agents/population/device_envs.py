@@ -22,7 +22,7 @@ from agents.envs import catcher as _catcher
 from agents.envs import pixelcopter as _copter
 
 from .counter import RESET, below, uniform
-from .envs import AcrobotTask, MountainCarTask
+from .envs import AcrobotTask, MountainCarTask, rk4_step
 
 __all__ = ["TorchEnv", "TorchMountainCar", "TorchAcrobot", "TorchCatcher", "TorchPixelcopter", "TORCH_ENVS",
            "TorchStep"]
@@ -150,13 +150,7 @@ class TorchAcrobot(AcrobotTask, TorchEnv):
         return torch.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], dim=1)
 
     def _dynamics(self, actions: Tensor) -> tuple[Tensor, Tensor]:
-        a, y0, dt = self.torques[actions], self.state, self.dt
-        dt2 = dt / 2.0
-        k1 = self._dsdt(y0, a)
-        k2 = self._dsdt(y0 + dt2 * k1, a)
-        k3 = self._dsdt(y0 + dt2 * k2, a)
-        k4 = self._dsdt(y0 + dt * k3, a)
-        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        ns = rk4_step(self._dsdt, self.state, self.torques[actions], self.dt)
         angles = ns[:, :2]
         for _ in range(5):  # Gymnasium's wrap: subtract (add) the range while above (below); a step's angles stay
             # within 9 pi (velocities clipped at 4 pi and 9 pi), which five passes cover

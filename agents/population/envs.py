@@ -16,8 +16,8 @@ modelled; the PLE games run with their default ``rect_rounding="truncate"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.utils import seeding
@@ -184,13 +184,7 @@ class BatchedAcrobot(AcrobotTask, BatchedEnv):
     def _dynamics(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # Gymnasium's rk4 integrates the state augmented with the torque (whose derivative is 0): the same numbers
         a = self.torques[actions]
-        y0, dt = self.state, self.dt
-        dt2 = dt / 2.0
-        k1 = self._dsdt(y0, a)
-        k2 = self._dsdt(y0 + dt2 * k1, a)
-        k3 = self._dsdt(y0 + dt2 * k2, a)
-        k4 = self._dsdt(y0 + dt * k3, a)
-        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        ns = rk4_step(self._dsdt, self.state, a, self.dt)
         ns[:, 0] = _wrap(ns[:, 0], -math.pi, math.pi)
         ns[:, 1] = _wrap(ns[:, 1], -math.pi, math.pi)
         ns[:, 2] = np.minimum(np.maximum(ns[:, 2], -self.max_vel_1), self.max_vel_1)
@@ -216,6 +210,17 @@ def _square(x: np.ndarray) -> np.ndarray:
     """``x ** 2`` as Gymnasium's scalar code computes it (C's ``pow``; numpy's array ``**2`` multiplies instead,
     which differs in the last bit for about 1 value in 1300)."""
     return np.float_power(x, 2)
+
+
+def rk4_step(dsdt: Callable[[Any, Any], Any], y0: Any, a: Any, dt: float) -> Any:
+    """One classic Runge-Kutta step of ``dsdt(y, a)`` from ``y0`` over ``dt`` (numpy arrays or torch tensors alike:
+    the numpy and the tensor Acrobot take the same step, in the same order as Gymnasium's ``rk4``)."""
+    dt2 = dt / 2.0
+    k1 = dsdt(y0, a)
+    k2 = dsdt(y0 + dt2 * k1, a)
+    k3 = dsdt(y0 + dt2 * k2, a)
+    k4 = dsdt(y0 + dt * k3, a)
+    return y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
 
 
 def _wrap(x: np.ndarray, m: float, big: float) -> np.ndarray:
