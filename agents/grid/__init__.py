@@ -29,14 +29,14 @@ SIGTERM does the same (exit status 143). With ``--workers`` 2 or more, a signal 
 ``ERROR.txt`` in its run directory) and the others go on; the grid then exits with status 1.
 
 ``engine: population`` (commands with a population engine, :class:`agents.commands.Population`: ``dqn``;
-optionally ``population_size: N``, the most members per population, or ``auto``: as many as fit the device's
-memory) trains the runs whose configs differ only in
-the engine's member keys (for dqn: seed, learning rate, buffer size and epsilon schedule) together, as one population
-in one process: each member's run folder is the one the run would have alone, with the same ``DONE.json``; a
+optionally ``population_size: N``, the most members per population, or ``auto``: as many as the engine's capacity
+on the device, for dqn what its memory holds and on a CPU at most 64) trains the runs whose configs differ only in
+the engine's member keys (for dqn: seed, learning rate, buffer size and epsilon schedule) together, in as few
+populations as that allows, of sizes differing by at most one, each in one process: each member's run folder is the one the run would have alone, with the same ``DONE.json``; a
 population stopped or killed continues from its checkpoint with ``--resume``.
 
 The local backend is a process pool with one torch thread per worker; ``--backend ray`` runs the same tasks (a run,
-or a population) on a Ray cluster, one CPU and one torch thread each: the cluster at ``RAY_ADDRESS``, else a local
+or a population) on a Ray cluster, one CPU and one torch thread each (tasks on CUDA also a share of a GPU): the cluster at ``RAY_ADDRESS``, else a local
 one; as many at a time as the cluster has CPUs, or ``--workers``. Ray never retries a task (``--resume`` continues
 what a dead worker left); a stop signal cancels the running tasks, which stop cleanly as on Ctrl-C.
 """

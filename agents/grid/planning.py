@@ -109,7 +109,7 @@ def _population_engine(spec: Mapping[str, Any], command: str, out: Path) -> Popu
         return PopulationEngine(out, tuple(members.member_keys), None, by_memory=True)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ConfigError(f"population_size must be a positive integer (the most members per population) or auto "
-                          f"(as many as fit the device's memory), got {size!r}")
+                          f"(as many as the device holds), got {size!r}")
     return PopulationEngine(out, tuple(members.member_keys), size)
 
 
