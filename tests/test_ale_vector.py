@@ -120,6 +120,15 @@ def test_games_pickled_as_one_of_them_begins_resume_to_the_same_emulators():
         assert np.array_equal(a.obs, b.obs) and np.array_equal(a.score, b.score)
 
 
+def test_bad_actions_and_seeds_are_refused_in_one_line():
+    games = AtariGames("breakout", [0, 1], train=True, num_threads=1)
+    for bad in ([0], [0, 4], [0, -1], [0.5, 1.0]):
+        with pytest.raises(ValueError, match=r"actions must be 2 integers in \[0, 4\) \(one per game\)"):
+            games.step(np.array(bad))
+    with pytest.raises(ValueError, match="needs a list of at least one seed"):
+        AtariGames("breakout", [], train=True)
+
+
 def test_the_settings_are_the_authors_envpool_settings():
     assert ENVPOOL["max_episode_steps"] == 108_000 and ENVPOOL["noop_max"] == 30
     games = AtariGames("breakout", [0], train=True, num_threads=1, max_episode_steps=5)

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv, AutoresetMode
 from gymnasium import spaces
@@ -57,8 +58,6 @@ ENVPOOL = {"frame_skip": 4, "img_height": 84, "img_width": 84, "gray_scale": Tru
 
 def game_name(env_id: str) -> str:
     """ale-py's ROM name of a Gymnasium Atari id (its registered ``game``): ``ALE/Breakout-v5`` -> ``breakout``."""
-    import gymnasium as gym
-
     return str(gym.spec(env_id).kwargs["game"])
 
 
@@ -94,6 +93,8 @@ class AtariGames:
         self.max_episode_steps, self.noop_max = int(max_episode_steps), int(noop_max)
         self.seeds = np.asarray(seeds, dtype=np.int64)
         self.n = len(self.seeds)
+        if self.seeds.ndim != 1 or self.n < 1:
+            raise ValueError(f"AtariGames needs a list of at least one seed (one per env), got {seeds!r}")
         self.games = np.zeros(self.n, dtype=np.int64)  # games started per env
         self.history: list[bytearray] = [bytearray() for _ in range(self.n)]  # actions since each game's start
         self.score = np.zeros(self.n, dtype=np.int64)
@@ -112,7 +113,6 @@ class AtariGames:
         self._stack = np.zeros((self.n, 4, 84, 84), dtype=np.uint8)
         self._lives = np.zeros(self.n, dtype=np.int32)
         self.reset_frames = np.zeros(self.n, dtype=np.int64)  # frames each current game's reset took (FIRE, no-ops)
-        self._started = False
 
     def game_seed(self, i: int) -> int:
         """The emulator seed of env ``i``'s current game (a function of its seed and the game's number)."""
@@ -129,13 +129,9 @@ class AtariGames:
             for i in np.flatnonzero(mask):
                 self.history[i] = bytearray()
         seeds = np.array([self.game_seed(i) for i in np.flatnonzero(mask)], dtype=np.int64)
-        if not self._started or mask.all():
-            obs, info = self.env.reset(seed=seeds if mask.all() else None)
-            self._started = True
-            if not mask.all():  # (a first reset must be whole; then the masked envs again, seeded)
-                obs, info = self.env.reset(seed=seeds, options={"reset_mask": mask})
-        else:
-            obs, info = self.env.reset(seed=seeds, options={"reset_mask": mask})
+        # (a partial reset needs a whole one before it: the constructor's and a replay's first are whole)
+        obs, info = self.env.reset(seed=seeds) if mask.all() else \
+            self.env.reset(seed=seeds, options={"reset_mask": mask})
         self._stack[mask] = obs[mask][:, -1:]  # the first frame, four times
         self._lives[mask] = info["lives"][mask]
         self.reset_frames[mask] = info["episode_frame_number"][mask]
@@ -159,6 +155,10 @@ class AtariGames:
         """Step every game with ``actions`` ``(N,)`` (indices into the minimal action set); finished games are
         followed by the next ones at once."""
         actions = np.asarray(actions)
+        if actions.shape != (self.n,) or not np.issubdtype(actions.dtype, np.integer) or \
+                actions.min() < 0 or actions.max() >= self.n_actions:
+            raise ValueError(f"actions must be {self.n} integers in [0, {self.n_actions}) (one per game), got "
+                             f"{actions.tolist() if actions.size <= 8 else actions.shape}")
         for i, a in enumerate(actions.tolist()):
             self.history[i].append(a)
         score, terminated, truncated, over, _ = self._advance(actions)
@@ -178,7 +178,7 @@ class AtariGames:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("env", "_stack", "_lives", "_started", "reset_frames")}
+                if k not in ("env", "_stack", "_lives", "reset_frames")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
