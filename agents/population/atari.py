@@ -1,0 +1,369 @@
+"""P Atari DQN agents of one game trained in lockstep in one process, on ale-py's C++ vector env.
+
+Each member is ``agents.train dqn --env ALE/... --set atari_env=ale-vector`` with its own seed, learning rate,
+buffer size and epsilon schedule (:class:`agents.population.engine.Member`; the rest of the config is the
+population's): the same Q-network built the same way (SB3's policy under ``set_random_seed(seed)``), the same game
+(env ``m`` of one :class:`agents.rl.ale_vector.AtariGames` is seeded with member ``m``'s seed, as a single run's
+one env), its own frame-deduplicated replay (:class:`agents.rl.frame_buffer.FrameReplayBuffer`, in host memory:
+1e6 transitions are ~7.5 GB per member, more than a GPU holds for a population, and a sample is 32 x 4 frames
+gathered on the host; the sample is copied to the device per update), its own target network and Adam state, and
+SB3's loop order per env step (act, env step, store with the terminal observation, target copy every
+``target_update_interval`` steps, epsilon update, then one update after every ``train_freq`` steps once past
+``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
+
+Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``QNetwork`` and ``torch.optim.Adam``,
+the very kernels of SB3's DQN (a member equals a single run bit for bit with the single run's draws injected:
+tests/test_population_atari.py); ``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the
+network per step and per update (convolutions batched over members as grouped convolutions) and one Adam step on
+the stacked tensors; ``"auto"`` is ``"loop"`` on a CPU (compute-bound: oneDNN's grouped convolutions and their
+backward are slower than one convolution per member, 194 against 104 ms per update of 4 members on one thread) and
+``"vmap"`` on a GPU (one kernel per layer for all members). The two agree to float rounding (float64: 1e-10 after
+an update).
+
+Randomness is per member (:class:`agents.population.engine.Draws`): exploration coins, random actions and replay
+indices from the member's generator.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state, vmap
+from torch.nn import functional as F
+
+from agents.rl.ale_vector import AtariGames, AtariGamesVecEnv, game_name
+from agents.rl.envs import is_atari
+from agents.rl.frame_buffer import FrameReplayBuffer
+
+from .engine import Draws, Member, _schedules
+from .networks import member_q_net
+
+__all__ = ["AtariPopulation", "atari_refusal", "IMPLEMENTATIONS"]
+
+#: how the members' networks run: "vmap" (one torch.func call over stacked parameters), "loop" (each member's own
+#: module and optimiser: SB3's kernels, its slow twin), "auto" ("loop" on a CPU, "vmap" on a GPU; module docstring)
+IMPLEMENTATIONS = ("auto", "vmap", "loop")
+
+OBS_SHAPE = (4, 84, 84)
+
+
+def atari_refusal(config: Mapping[str, Any], device: str = "cpu") -> str | None:
+    """Why the Atari population cannot train runs of the resolved dqn ``config`` exactly as ``agents.train dqn``
+    would, or None if it can."""
+    if not is_atari(str(config.get("env"))):
+        return f"the Atari population runs Atari ids (ALE/...-v5), not {config.get('env')!r}"
+    if config.get("atari_env") != "ale-vector":
+        return ("the Atari population steps ale-py's C++ vector env; its members equal single runs with "
+                "atari_env: ale-vector (got atari_env: {})".format(config.get("atari_env", "sb3")))
+    wrong = {k: config.get(k) for k, ok in (("td_loss", "mse"), ("optimizer", "adam"), ("replay", "frames"),
+                                             ("gradient_steps", 1), ("n_envs", 1), ("lr_schedule", "constant"),
+                                             ("max_grad_norm", None), ("tau", 1.0), ("normalize_obs", False),
+                                             ("normalize_reward", False), ("sb3_log", None))
+             if config.get(k, ok) != ok}
+    if wrong or config.get("exploration_steps") is None:
+        return ("the Atari population runs the authors' DQN: MSE TD loss, Adam, frame replay, one update per "
+                "train_freq steps, one env per member, a constant learning rate, no clipping, an exploration_steps "
+                f"schedule; got {wrong or 'exploration_steps unset'}")
+    if set(config.get("optimizer_kwargs") or {}) - {"betas", "eps"}:
+        return f"the Atari population's Adam takes betas and eps, not {sorted(config['optimizer_kwargs'])}"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
+    return None
+
+
+class _FloatQ(nn.Module):
+    """A QNetwork's modules on float observations (SB3's ``preprocess_obs`` casts to float32; a float64 twin keeps
+    float64): the same parameter names as the QNetwork's ``state_dict``."""
+
+    def __init__(self, q: nn.Module) -> None:
+        super().__init__()
+        self.features_extractor, self.q_net = q.features_extractor, q.q_net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.q_net(self.features_extractor(x))
+
+
+def _adam(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
+          exp_avg_sqs: Sequence[Tensor], step: int, lr: Tensor, betas: tuple[float, float], eps: float) -> None:
+    """torch's Adam step (single-tensor form, no weight decay, no amsgrad) in place on stacked parameters, ``lr``
+    ``(P,)`` per member, ``step`` the step count after this step."""
+    beta1, beta2 = betas
+    bias1, bias2_sqrt = 1 - beta1 ** step, (1 - beta2 ** step) ** 0.5
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bias2_sqrt).add_(eps)
+        p.add_(-(lr / bias1).view(-1, *([1] * (p.dim() - 1))) * m / denom)
+
+
+class AtariPopulation:
+    """The members of ``members`` on ``config`` (a resolved ``dqn`` config of an Atari id with ``atari_env:
+    ale-vector``; its seed, learning rate, buffer size and epsilon schedule are the members').
+
+    ``nets``: initial Q-networks per member (default :func:`member_q_net`; float64 ones for the twin tests);
+    ``draws``: the members' randomness (default :class:`Draws`); ``num_threads``: the vector env's C++ threads
+    (0: one per game, at most the machine's cores).
+    """
+
+    def __init__(self, config: Mapping[str, Any], members: Sequence[Member], *, device: str = "cpu",
+                 nets: Sequence[nn.Module] | None = None, draws: Any = None, implementation: str = "auto",
+                 num_threads: int = 0) -> None:
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+        if not members:
+            raise ValueError("a population needs at least one member")
+        if (why := atari_refusal(config, device)) is not None:
+            raise ValueError(why)
+        self.config, self.members, self.device = dict(config), list(members), torch.device(device)
+        self.P = len(members)
+        if implementation == "auto":
+            implementation = "vmap" if self.device.type == "cuda" else "loop"
+        self.implementation = implementation
+        nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
+        self.nets = [n.to(self.device) for n in nets]
+        self.dtype = next(self.nets[0].parameters()).dtype
+        self.lr = torch.tensor([m.learning_rate for m in members], dtype=self.dtype, device=self.device)
+        opt = dict(config.get("optimizer_kwargs") or {})
+        self.betas, self.adam_eps = tuple(opt.get("betas", (0.9, 0.999))), float(opt.get("eps", 1e-8))
+        if self.implementation == "loop":  # each member's module, target and optimiser, as SB3 holds them
+            self.targets = [copy.deepcopy(n) for n in self.nets]
+            for t in self.targets:
+                t.train(False)
+            self.optimizers = [torch.optim.Adam(n.parameters(), lr=m.learning_rate, betas=self.betas,
+                                                eps=self.adam_eps) for n, m in zip(self.nets, members)]
+        else:
+            self.base = copy.deepcopy(_FloatQ(self.nets[0]))  # (its own tensors are replaced in every call)
+            params, self.buffers = stack_module_state([_FloatQ(n) for n in self.nets])
+            self.params = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+            self.target = {k: v.detach().clone() for k, v in self.params.items()}
+            self.exp_avg = {k: torch.zeros_like(v) for k, v in self.params.items()}
+            self.exp_avg_sq = {k: torch.zeros_like(v) for k, v in self.params.items()}
+            self.nets = []  # (the stacked tensors are the members' networks now)
+        self.adam_steps = 0
+        self.eps_initial, self.eps_final, self.eps_steps = _schedules(config, members)
+        self.env = AtariGamesVecEnv(AtariGames(game_name(config["env"]), [m.seed for m in members], train=True,
+                                               max_episode_steps=config.get("max_episode_steps") or 108_000,
+                                               num_threads=num_threads))
+        self.n_actions = int(self.env.action_space.n)
+        self.draws = draws if draws is not None else Draws([m.seed for m in members], self.n_actions)
+        obs_space = spaces.Box(0, 255, OBS_SHAPE, np.uint8)
+        self.replay = [FrameReplayBuffer(m.buffer_size, obs_space, self.env.action_space, device=self.device,
+                                         n_envs=1, n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]))
+                       for m in members]
+        self.obs = self.env.reset()
+        self.num_timesteps = 0
+        self.episodes: list[list[tuple[int, float, int]]] = [[] for _ in range(self.P)]  # (step, return, length)
+        self.last_losses: Tensor | None = None
+        self.seconds = {"acting": 0.0, "env": 0.0, "store": 0.0, "update": 0.0}
+        self.diverged = np.zeros(self.P, dtype=np.int64)
+
+    @property
+    def diverged_at(self) -> np.ndarray:
+        return self.diverged
+
+    # --- network ----------------------------------------------------------------------------------------
+
+    def q_values(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
+        """``(P, B, actions)`` Q-values of ``obs`` ``(P, B, 4, 84, 84)`` (uint8 or float), member ``m`` on its own
+        network (``params``: stacked parameters, default the online ones; "vmap" only)."""
+        x = obs.to(self.dtype)
+        if self.implementation == "loop":
+            nets = self.nets if params is None else params
+            return torch.stack([net.q_net(net.features_extractor(x[m])) for m, net in enumerate(nets)])
+        params = self.params if params is None else params
+        return vmap(lambda p, b, xm: functional_call(self.base, (p, b), (xm,)))(params, self.buffers, x)
+
+    # --- the loop ---------------------------------------------------------------------------------------
+
+    def epsilon(self, t: int) -> np.ndarray:
+        """The members' exploration rates ``(P,)`` after ``t`` env steps (``agents.rl.dqn.PaperDQN.epsilon``)."""
+        frac = np.clip((t - self.config["learning_starts"]) / np.maximum(self.eps_steps, 1), 0.0, 1.0)
+        frac = np.where(self.eps_steps == 0, 1.0, frac)
+        return self.eps_initial + frac * (self.eps_final - self.eps_initial)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Each member's greedy action ``(P,)`` for its observation ``obs`` ``(P, 4, 84, 84)``."""
+        with torch.no_grad():
+            return self.q_values(torch.as_tensor(obs, device=self.device)[:, None]).argmax(-1)[:, 0].cpu().numpy()
+
+    def _actions(self) -> np.ndarray:
+        t = self.num_timesteps
+        if t < self.config["learning_starts"]:
+            return np.array([self.draws.action(m) for m in range(self.P)])
+        eps = self.epsilon(t)
+        coins = [self.draws.explore(m) < eps[m] for m in range(self.P)]
+        greedy = self.greedy(self.obs)
+        return np.array([self.draws.action(m) if coins[m] else greedy[m] for m in range(self.P)])
+
+    def step(self, before_store: Callable[[], None] | None = None) -> None:
+        """One env step of every member, its storage, target copy and (every ``train_freq`` steps past
+        ``learning_starts``) update; ``before_store`` is called where SB3 calls a callback's ``on_step``."""
+        t0 = time.perf_counter()
+        actions = self._actions()
+        t1 = time.perf_counter()
+        obs, rewards, dones, infos = self.env.step(actions)
+        t2 = time.perf_counter()
+        self.num_timesteps += 1
+        if before_store is not None:
+            before_store()
+        for m, buf in enumerate(self.replay):  # SB3's _store_transition: a finished episode's own last stack
+            nxt = infos[m]["terminal_observation"] if dones[m] else obs[m]
+            buf.add(self.obs[m][None], nxt[None], actions[m:m + 1], rewards[m:m + 1], dones[m:m + 1], [infos[m]])
+            if "episode" in infos[m]:  # a game over: its raw score (training episodes end at lost lives)
+                self.episodes[m].append((self.num_timesteps, infos[m]["episode"]["r"], infos[m]["episode"]["l"]))
+        self.obs = obs
+        t3 = time.perf_counter()
+        self.seconds["acting"] += t1 - t0
+        self.seconds["env"] += t2 - t1
+        self.seconds["store"] += t3 - t2
+        if self.num_timesteps % self.config["target_update_interval"] == 0:
+            self._copy_target()
+        if self.num_timesteps % self.config["train_freq"] == 0 and self.num_timesteps > self.config["learning_starts"]:
+            self.update()
+            self.seconds["update"] += time.perf_counter() - t3
+
+    def _copy_target(self) -> None:
+        if self.implementation == "loop":
+            for net, target in zip(self.nets, self.targets):
+                target.load_state_dict(net.state_dict())
+        else:
+            self.target = {k: v.detach().clone() for k, v in self.params.items()}
+
+    def sample(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Every member's replay sample, drawn with its own generator: obs and next obs ``(P, batch, 4, 84, 84)``
+        uint8, actions ``(P, batch)`` int64, n-step returns, terminations and discounts ``(P, batch)``."""
+        k = int(self.config["batch_size"])
+        sizes = np.array([buf.size() for buf in self.replay])
+        idx = self.draws.all_indices(sizes, k)
+        data = [buf._get_samples(buf.rows(idx[m])) for m, buf in enumerate(self.replay)]
+        gamma = float(self.config["gamma"])
+
+        def stack(name: str) -> Tensor:
+            return torch.stack([getattr(d, name) for d in data])
+
+        discounts = stack("discounts")[..., 0] if data[0].discounts is not None else \
+            torch.full((self.P, k), gamma, device=self.device)
+        return (stack("observations"), stack("actions")[..., 0].long(), stack("next_observations"),
+                stack("rewards")[..., 0], stack("dones")[..., 0], discounts)
+
+    def update(self) -> Tensor:
+        """One Adam step of every member on its own replay sample; the members' losses ``(P,)``."""
+        obs, act, nxt, rew, done, disc = self.sample()
+        if self.implementation == "loop":
+            return self._update_loop(obs, act, nxt, rew, done, disc)
+        with torch.no_grad():
+            y = rew.to(self.dtype) + (1 - done.to(self.dtype)) * disc.to(self.dtype) * \
+                self.q_values(nxt, self.target).max(-1).values
+        q = self.q_values(obs).gather(-1, act[..., None])[..., 0]
+        losses = ((q - y) ** 2).mean(-1)
+        grads = torch.autograd.grad(losses.sum(), list(self.params.values()))
+        finite = self._finite(losses)
+        if not bool(finite.all()):
+            grads = [torch.where(finite.view(-1, *([1] * (g.dim() - 1))), g, torch.zeros_like(g)) for g in grads]
+        self.adam_steps += 1
+        with torch.no_grad():
+            _adam(list(self.params.values()), grads, list(self.exp_avg.values()), list(self.exp_avg_sq.values()),
+                  self.adam_steps, self.lr, self.betas, self.adam_eps)
+        self.last_losses = losses.detach()
+        return self.last_losses
+
+    def _update_loop(self, obs: Tensor, act: Tensor, nxt: Tensor, rew: Tensor, done: Tensor, disc: Tensor) -> Tensor:
+        """PaperDQN.train's kernels, member by member (SB3's shapes: ``(batch, 1)`` columns)."""
+        losses = []
+        for m, (net, target, opt) in enumerate(zip(self.nets, self.targets, self.optimizers)):
+            net.train(True)
+            with torch.no_grad():
+                next_q = target.q_net(target.features_extractor(nxt[m].to(self.dtype))).max(dim=1).values
+                y = rew[m][:, None] + (1 - done[m][:, None]) * disc[m][:, None] * next_q.reshape(-1, 1)
+            q = torch.gather(net.q_net(net.features_extractor(obs[m].to(self.dtype))), dim=1, index=act[m][:, None])
+            loss = F.mse_loss(q, y.to(self.dtype))
+            losses.append(loss.detach())
+            if self.diverged[m] or not bool(torch.isfinite(loss)):  # (a member stops at its first non-finite loss)
+                continue
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        self.last_losses = torch.stack(losses)
+        self._finite(self.last_losses)
+        self.adam_steps += 1
+        return self.last_losses
+
+    def _finite(self, losses: Tensor) -> Tensor:
+        """Which members' losses ``(P,)`` are finite; members with a first non-finite one stop here, as a run stops
+        (:attr:`diverged` holds the step, the learning rate becomes 0)."""
+        finite = torch.isfinite(losses)
+        if not bool(finite.all()):
+            for m in torch.nonzero(~finite).flatten().tolist():
+                self.diverged[m] = self.diverged[m] or self.num_timesteps
+            self.lr = torch.where(finite, self.lr, torch.zeros_like(self.lr))
+        return finite
+
+    # --- members as single runs ---------------------------------------------------------------------------
+
+    def member_state(self, m: int) -> dict[str, Tensor]:
+        """Member ``m``'s ``QNetwork`` ``state_dict`` (parameters and persistent buffers, SB3's names)."""
+        if self.implementation == "loop":
+            return {k: v.detach() for k, v in self.nets[m].state_dict().items()}
+        return {k: v[m].detach() for k, v in (*self.params.items(), *self.buffers.items())}
+
+    def _target_state(self, m: int) -> dict[str, Tensor]:
+        if self.implementation == "loop":
+            return self.targets[m].state_dict()
+        return {**{k: v[m] for k, v in self.target.items()}, **{k: v[m] for k, v in self.buffers.items()}}
+
+    def member_probe_context(self, m: int, model: nn.Module, rng: np.random.Generator) -> dict[str, Any]:
+        """What a probe sees of member ``m`` (:func:`probes.sb3.dqn_context` of a single run): ``model`` (a
+        ``QNetwork``, loaded here with the member's weights), the per-sample TD loss on n-step returns and
+        ``sample(k)`` from its replay with the probe's ``rng``, targets from its target network (a copy of ``model``
+        loaded with the target's weights)."""
+        from probes.sb3 import dqn_context
+
+        model.load_state_dict(self.member_state(m))
+        target = copy.deepcopy(model)
+        target.load_state_dict(self._target_state(m))
+        algo = SimpleNamespace(td_loss="mse", q_net=model, q_net_target=target, gamma=float(self.config["gamma"]),
+                               replay_buffer=self.replay[m], _vec_normalize_env=None)
+        return dqn_context(algo, rng)
+
+    def stored_observations(self, m: int, n: int, rng: np.random.Generator) -> Tensor | None:
+        """``n`` distinct observations ``(n, 4, 84, 84)`` uint8 member ``m`` has stored (None until it has ``n``),
+        chosen as :class:`probes.sb3.ProbeCallback` chooses a run's fixed probe inputs."""
+        buf = self.replay[m]
+        if buf.size() < n:
+            return None
+        rows = buf.rows(np.sort(rng.choice(buf.size(), size=n, replace=False)))
+        return torch.as_tensor(buf.stacks(buf.obs_head[rows, 0]), device=self.device)
+
+    def evaluate(self, seeds: Sequence[int], episodes: int) -> list[list[tuple[float, int]]]:
+        """Each member's first ``episodes`` greedy whole games (raw score, agent steps) on a fresh test env seeded
+        ``seeds[m]`` (no episodic life, no reward clipping: the authors' test protocol, as
+        :class:`agents.rl.evaluation.EvalCallback` runs a single run's); draws nothing from the training's
+        generators."""
+        env = AtariGames(game_name(self.config["env"]), list(seeds), train=False,
+                         max_episode_steps=self.config.get("max_episode_steps") or 108_000)
+        done: list[list[tuple[float, int]]] = [[] for _ in range(self.P)]
+        try:
+            obs = env.observation()
+            while any(len(d) < episodes for d in done):
+                s = env.step(self.greedy(obs))
+                for m in np.flatnonzero(s.game_over):
+                    if len(done[m]) < episodes:
+                        done[m].append((float(s.returns[m]), int(s.lengths[m])))
+                obs = s.obs
+        finally:
+            env.close()
+        return done
+
+    def learn(self, steps: int, on_step: Callable[[AtariPopulation], None] | None = None) -> None:
+        for _ in range(steps):
+            self.step()
+            if on_step is not None:
+                on_step(self)

@@ -1,0 +1,173 @@
+"""Atari population members against single runs of ``agents.train dqn --set atari_env=ale-vector`` (SB3's DQN on
+the same C++ vector env), in lockstep: with the single runs' draws injected, each member's weights after 37 updates
+(3-step returns, Adam, target copies, life losses, game overs and truncations on the way) equal the run's bit for
+bit ("loop"); the stacked form ("vmap") equals the loop in float64; a pickled population continues as the
+uninterrupted one."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from agents.population.atari import AtariPopulation, atari_refusal
+from agents.population.engine import Member
+from agents.population.run import member_configs
+from agents.rl.config import resolve
+from agents.rl.run import build_model
+
+STEPS = 400  # learning_starts 32, one update per 10 steps: 37 updates
+SETTINGS = {"env": "ALE/Breakout-v5", "atari_env": "ale-vector", "n_timesteps": STEPS, "max_episode_steps": 150,
+            "exploration_steps": 200, "target_update_interval": 100, "eval_every": None, "probe": [],
+            "checkpoint_every": None}
+#: the second member has its own learning rate, a buffer that wraps and its own epsilon schedule
+MEMBERS = [Member(seed=0, learning_rate=1e-4, buffer_size=2000),
+           Member(seed=1, learning_rate=3e-4, buffer_size=300, exploration_initial_eps=0.6, exploration_final_eps=0.1,
+                  exploration_steps=100)]
+
+
+def sb3_run(config: dict) -> tuple[dict, dict[str, torch.Tensor], list]:
+    """Train SB3's DQN (agents.train dqn's model) for STEPS; its draws (exploration coins, random actions, replay
+    positions), final weights and finished games."""
+    model = build_model(config)
+    draws = {"coins": [], "actions": [], "indices": []}
+    sample, rand, get = model.action_space.sample, np.random.rand, model.replay_buffer._get_samples
+
+    def recorded_sample(*args, **kwargs):
+        a = sample(*args, **kwargs)
+        draws["actions"].append(int(a))
+        return a
+
+    def recorded_rand(*args):
+        u = rand(*args)
+        draws["coins"].append(float(u))
+        return u
+
+    def recorded_get(batch_inds, env=None):
+        draws["indices"].append(np.array(batch_inds))
+        return get(batch_inds, env)
+
+    model.action_space.sample, model.replay_buffer._get_samples, np.random.rand = recorded_sample, recorded_get, \
+        recorded_rand
+    try:
+        model.learn(STEPS)
+    finally:
+        np.random.rand = rand
+    games = [(e["r"], e["l"]) for e in model.ep_info_buffer]
+    return draws, {k: v.detach().clone() for k, v in model.q_net.state_dict().items()}, games
+
+
+class Injected:
+    """Per member, the draws a single run made, in order."""
+
+    def __init__(self, per_member: list[dict]) -> None:
+        self.d = [{k: list(v) for k, v in d.items()} for d in per_member]
+
+    def explore(self, m):
+        return self.d[m]["coins"].pop(0)
+
+    def action(self, m):
+        return self.d[m]["actions"].pop(0)
+
+    def all_indices(self, sizes, k):
+        idx = np.stack([d["indices"].pop(0) for d in self.d])
+        assert (idx.max(1) < sizes).all() and idx.shape[1] == k
+        return idx
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_members_equal_single_runs_on_the_vector_env_bit_for_bit(act):
+    configs = member_configs({**SETTINGS, "act": act}, MEMBERS)
+    runs = [sb3_run(c) for c in configs]
+    pop = AtariPopulation(configs[0], MEMBERS, draws=Injected([d for d, _, _ in runs]), implementation="loop")
+    pop.learn(STEPS)
+    assert pop.adam_steps == STEPS // 10 - 32 // 10  # after steps 40, 50, ..., 400
+    for m, (draws, weights, games) in enumerate(runs):
+        assert len(draws["indices"]) == pop.adam_steps and not any(pop.draws.d[m].values())  # all used
+        state = pop.member_state(m)
+        assert state.keys() == weights.keys()
+        for name, w in weights.items():
+            assert torch.equal(state[name], w), (m, name, (state[name] - w).abs().max())  # bit for bit
+        assert [(r, n) for _, r, n in pop.episodes[m]] == games and len(games) >= 2  # truncated at 150 steps
+    assert pop.replay[1].size() == 300  # (the second member's buffer wrapped)
+
+
+def float64_population(config: dict, members: list[Member], implementation: str) -> AtariPopulation:
+    from agents.population.networks import member_q_net
+
+    return AtariPopulation(config, members, nets=[member_q_net(config, m.seed).double() for m in members],
+                           implementation=implementation)
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_the_stacked_network_is_the_loop_in_float64(act):
+    """One torch.func call over stacked parameters (grouped convolutions) and one Adam step on stacked tensors
+    against each member's own module and torch.optim.Adam, in float64 so that rounding cannot hide a wrong formula:
+    equal to 1e-10 after the first update (step 40; a wrong formula is off by about the learning rate, 1e-4), and to
+    1e-7 after 17 (Adam divides each gradient by its running scale, so rounding-level differences in gradients that
+    cancel over the batch grow by orders of magnitude per update; measured: 1e-13 after 7 updates, 2e-9 after 17,
+    2e-7 after 27), with the same games played."""
+    members = [*MEMBERS, Member(seed=2, learning_rate=1e-3, buffer_size=64)]
+    config = member_configs({**SETTINGS, "act": act}, members)[0]
+    pops = {impl: float64_population(config, members, impl) for impl in ("vmap", "loop")}
+    for steps, atol in ((40, 1e-10), (160, 1e-7)):
+        for pop in pops.values():
+            pop.learn(steps)
+        for m in range(len(members)):
+            fast, slow = pops["vmap"].member_state(m), pops["loop"].member_state(m)
+            for name in slow:
+                assert torch.allclose(fast[name], slow[name], atol=atol, rtol=0), \
+                    (m, name, (fast[name] - slow[name]).abs().max())
+        assert torch.allclose(pops["vmap"].last_losses, pops["loop"].last_losses, atol=atol, rtol=0)
+    assert pops["vmap"].episodes == pops["loop"].episodes
+
+
+def test_a_pickled_population_continues_as_the_uninterrupted_one():
+    """The emulators (replayed from each game's seed and actions), frame buffers, generators, networks, targets and
+    Adam states all travel in the pickle."""
+    config = member_configs(SETTINGS, MEMBERS)[0]
+    whole = AtariPopulation(config, MEMBERS)
+    whole.learn(STEPS)
+    half = AtariPopulation(config, MEMBERS)
+    half.learn(STEPS // 2 + 7)  # (mid-way between updates, inside a game)
+    half = pickle.loads(pickle.dumps(half))
+    half.learn(STEPS - STEPS // 2 - 7)
+    for m in range(len(MEMBERS)):
+        for name, w in whole.member_state(m).items():
+            assert torch.equal(half.member_state(m)[name], w), (m, name)
+    assert half.episodes == whole.episodes
+    assert np.array_equal(half.env.games.observation(), whole.env.games.observation())
+
+
+def test_a_member_evaluates_as_a_single_runs_evaluation():
+    """The authors' test protocol (whole games, raw scores, greedy) on a test env seeded as a single run's
+    evaluation env: the same games as EvalCallback plays with the member's network."""
+    from agents.rl.envs import make_env
+
+    config = member_configs({**SETTINGS, "act": "relu", "max_episode_steps": 200}, MEMBERS)[0]
+    pop = AtariPopulation(config, MEMBERS[:1], implementation="loop")
+    pop.learn(100)
+    ours = pop.evaluate([123], episodes=2)[0]
+    env, net, games = make_env(config["env"], seed=123, atari_env="ale-vector", evaluation=True,
+                               max_episode_steps=200), pop.nets[0], []
+    obs = env.reset()
+    while len(games) < 2:
+        with torch.no_grad():
+            obs, _, dones, infos = env.step(net(torch.as_tensor(obs)).argmax(1).numpy())
+        games += [(info["episode"]["r"], info["episode"]["l"]) for d, info in zip(dones, infos) if d and "episode" in info]
+    env.close()
+    assert ours == games[:2]
+
+
+def test_settings_the_atari_population_cannot_run_are_refused_in_one_line():
+    ok = resolve("dqn", SETTINGS)
+    assert atari_refusal(ok) is None
+    for change, word in (({"atari_env": "sb3"}, "ale-vector"), ({"env": "CartPole-v1"}, "Atari ids"),
+                         ({"optimizer": "rmsprop"}, "optimizer"), ({"td_loss": "huber"}, "td_loss"),
+                         ({"optimizer_kwargs": {"amsgrad": True}}, "amsgrad")):
+        why = atari_refusal({**ok, **change})
+        assert why is not None and word in why and "\n" not in why, (change, why)
+    with pytest.raises(ValueError, match="ale-vector"):
+        AtariPopulation({**ok, "atari_env": "sb3"}, MEMBERS)
