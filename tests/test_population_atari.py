@@ -171,3 +171,49 @@ def test_settings_the_atari_population_cannot_run_are_refused_in_one_line():
         assert why is not None and word in why and "\n" not in why, (change, why)
     with pytest.raises(ValueError, match="ale-vector"):
         AtariPopulation({**ok, "atari_env": "sb3"}, MEMBERS)
+
+
+@pytest.mark.long
+def test_a_killed_atari_population_resumes_to_the_uninterrupted_result(tmp_path):
+    """``agents.train dqn --env ALE/Breakout-v5 --seeds 0-1 --set atari_env=ale-vector``: SIGKILL right after the
+    second checkpoint, then --resume: every member's log (training games, losses, evaluations, the gradient
+    covariance probe) and final weights equal an uninterrupted population's; the frame replays came back from the
+    chunk files in the members' folders, which are gone once the population finished."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from runlog import read_run
+    from runlog.failpoints import ENV as KILL_AT
+
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, "-m", "agents.train", "dqn", "--env", "ALE/Breakout-v5", "--act", "elephant", "--seeds",
+            "0-1", "--steps", "1200", "--set", "atari_env=ale-vector", "--set", "max_episode_steps=300", "--set",
+            "eval_every=500", "--set", "eval_episodes=1", "--set", "buffer_size=2000", "--set",
+            "probe_kwargs={gradcov: {at: [1000], k: 8}}", "--checkpoint-every", "400", "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != KILL_AT}
+    ref = subprocess.run([*args, "--out", str(tmp_path / "ref")], cwd=root, env=env, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+    killed = subprocess.run([*args, "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True,
+                            env={**env, KILL_AT: "checkpoint.after_rename:2"})
+    assert killed.returncode == -signal.SIGKILL
+    assert len(list((tmp_path / "run").rglob("replay/frames-*.npy"))) >= 2  # (each member's chunks)
+    resumed = subprocess.run([*args, "--resume", "--out", str(tmp_path / "run")], cwd=root, env=env,
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0 and "resuming the population of 2 at step 800" in resumed.stderr, resumed.stderr
+    logs = sorted((tmp_path / "ref").rglob("run.h5"))
+    assert len(logs) == 2
+    for a in logs:
+        b = tmp_path / "run" / a.relative_to(tmp_path / "ref")
+        ra, rb = read_run(a), read_run(b)
+        assert len(ra.scalars["eval_return"][0]) == 2 and len(ra.probes["gradcov"]["step"]) == 1
+        for name in ra.scalars:
+            assert all(np.array_equal(x, y) for x, y in zip(ra.scalars[name], rb.scalars[name])), name
+        for group, fields in ra.probes.items():
+            for f, v in fields.items():
+                assert np.array_equal(v, rb.probes[group][f]), (group, f)
+        wa, wb = torch.load(a.parent / "q_net.pt"), torch.load(b.parent / "q_net.pt")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not list((tmp_path / "run").rglob("replay")) and not list((tmp_path / "run" / "populations").glob("*.pkl"))

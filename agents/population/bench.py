@@ -2,6 +2,8 @@
 
     python -m agents.population.bench [--env MountainCar-v0] [--act elephant] [--sizes 1,8,32,64] [--steps 600]
     python -m agents.population.bench --device cuda --sizes 1024,4096,16384 --implementations device,device-compiled
+    python -m agents.population.bench --env ALE/Breakout-v5 [--device cuda]
+
 
 SB3's DQN (``agents.train dqn``'s model) and populations of P members (seeds 0..P-1, the env's default config)
 train past ``learning_starts`` untimed (1000 steps), then ``--steps`` timed steps; one torch thread. SB3 is measured
@@ -15,6 +17,12 @@ the populations on the GPU and adds the GPU's busy share (kernel time over wall 
 steps) and the peak GPU memory per member. Memory per member is the
 population's own tensors (parameters, optimiser state, replay) over P. Do not run it while a study runs on the same
 cores.
+
+An Atari id benchmarks :class:`agents.population.atari.AtariPopulation` (implementations ``loop`` and ``vmap``;
+default sizes 1, 4, 8) against ``agents.train dqn --set atari_env=ale-vector`` (the authors' Atari DQN, one update
+per 10 env steps, on the same C++ vector env), both with the full 1e6-transition frame buffer per member (allocated,
+filled only as far as the run goes: the memory per member is what a member needs at the paper's scale), and prints
+the device-hours the paper's Atari DQN study (:data:`STUDY_DQN_STEPS`) would take at the best rate measured.
 """
 
 from __future__ import annotations
@@ -32,8 +40,14 @@ from agents.allocator import retain_freed_memory
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
+from agents.rl.envs import is_atari
+from agents.rl.frame_buffer import FrameReplayBuffer
+
 from .device import DEVICE_MODES, DevicePopulation
 from .engine import IMPLEMENTATIONS, Member, Population
+
+#: agent-steps of the paper's Atari DQN study: 10 games x 6 activations x 5 seeds x 12.5M env steps
+STUDY_DQN_STEPS = 10 * 6 * 5 * 12_500_000
 
 
 def sb3_rate(config: dict, steps: int) -> float:
@@ -45,16 +59,22 @@ def sb3_rate(config: dict, steps: int) -> float:
 
 
 def _tensor_bytes(pop: Any) -> int:
-    """Bytes of the population's own tensors (parameters, target, optimiser state, replay buffers)."""
+    """Bytes of the population's own tensors and arrays (parameters, target, optimiser state, replay buffers; the
+    Atari population's per-member networks and frame buffers as allocated)."""
     seen, total = set(), 0
     for value in vars(pop).values():
-        items = value.values() if isinstance(value, dict) else [value]
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
         for t in items:
-            if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-            elif isinstance(t, np.ndarray):
-                total += t.nbytes
+            if isinstance(t, torch.nn.Module):
+                t = list(t.state_dict().values())
+            for x in t if isinstance(t, list) else [t]:
+                if isinstance(x, torch.Tensor) and x.data_ptr() not in seen:
+                    seen.add(x.data_ptr())
+                    total += x.numel() * x.element_size()
+                elif isinstance(x, np.ndarray):
+                    total += x.nbytes
+                elif isinstance(x, FrameReplayBuffer):
+                    total += x.nbytes()
     return total
 
 
@@ -81,8 +101,12 @@ def population_rate(config: dict, p: int, steps: int, implementation: str,
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    if implementation in DEVICE_MODES:
-        pop: Any = DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
+    if is_atari(config["env"]):
+        from .atari import AtariPopulation
+
+        pop: Any = AtariPopulation(config, members, implementation=implementation, device=device)
+    elif implementation in DEVICE_MODES:
+        pop = DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
     else:
         pop = Population(config, members, implementation=implementation, device=device)
     t0 = time.perf_counter()
@@ -109,22 +133,27 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="MountainCar-v0")
     parser.add_argument("--act", default="elephant")
-    parser.add_argument("--sizes", default="1,8,32,64")
+    parser.add_argument("--sizes", default=None, help="population sizes (default 1,8,32,64; Atari 1,4,8)")
     parser.add_argument("--steps", type=int, default=600, help="timed env steps (per member)")
-    parser.add_argument("--implementations", default="compiled,batched",
-                        help="comma-separated, of " + ", ".join((*IMPLEMENTATIONS[1:], *DEVICE_MODES)))
+    parser.add_argument("--implementations", default=None,
+                        help="default compiled,batched (Atari: loop,vmap); "
+                             "comma-separated, of " + ", ".join((*IMPLEMENTATIONS[1:], *DEVICE_MODES)))
     parser.add_argument("--device", default="cpu", help="cpu or cuda: the populations' device (SB3 runs on the CPU)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     retain_freed_memory()  # as training runs set it (SB3's and the populations'), before either is measured
-    config = resolve("dqn", {"env": args.env, "act": args.act, "device": args.device})
+    atari = is_atari(args.env)
+    sizes = args.sizes or ("1,4,8" if atari else "1,8,32,64")
+    implementations = args.implementations or ("loop,vmap" if atari else "compiled,batched")
+    extra_settings = {"atari_env": "ale-vector", "eval_every": None, "probe": []} if atari else {}
+    config = resolve("dqn", {"env": args.env, "act": args.act, "device": args.device, **extra_settings})
     sb3_config = {**config, "device": "cpu"}
     before = sb3_rate(sb3_config, args.steps)
     print(f"SB3 DQN {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
     rows = []
-    for impl in args.implementations.split(","):
-        for p in (int(x) for x in args.sizes.split(",")):
+    for impl in implementations.split(","):
+        for p in (int(x) for x in sizes.split(",")):
             rate, split, warmup, extra = population_rate(config, p, args.steps, impl, args.device)
             rows.append({"implementation": impl, "P": p, "steps_per_second": rate, "time_share": split,
                          "warmup_seconds": warmup, **extra})
@@ -140,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["ratio_to_sb3"] = row["steps_per_second"] / base
         print(f"{row['implementation']:5s} P={row['P']:3d}: {row['ratio_to_sb3']:5.2f}x SB3", file=sys.stderr)
+    if atari:
+        best = max(rows, key=lambda r: r["steps_per_second"])
+        hours = STUDY_DQN_STEPS / best["steps_per_second"] / 3600
+        print(f"the paper's Atari DQN study ({STUDY_DQN_STEPS:.2e} agent-steps) at the best rate ({best['implementation']}"
+              f" P={best['P']}: {best['steps_per_second']:,.0f} agent-steps/s): {hours:,.0f} hours of this machine "
+              f"({args.device}); single runs at {base:,.0f} steps/s: {STUDY_DQN_STEPS / base / 3600:,.0f} hours",
+              file=sys.stderr)
     result = {"env": args.env, "act": args.act, "device": args.device, "sb3_steps_per_second": base, "sb3_before_after": [before, after],
               "population": rows}
     if args.json:

@@ -2,7 +2,8 @@
 
     python -m agents.train dqn --env MountainCar-v0 --act elephant --seeds 0-31 --out runs
 
-trains the 32 runs as one population in one process (:data:`POPULATION`, the DQN declaration's population engine);
+trains the 32 runs as one population in one process (:data:`POPULATION`, the DQN declaration's population engine;
+Atari ids with ``atari_env: ale-vector``: :class:`agents.population.atari.AtariPopulation`);
 a grid with ``engine: population`` (:mod:`agents.grid`) also crosses learning rates, buffer sizes and epsilon
 schedules (:data:`MEMBER_KEYS`). Each member gets the config ``agents.train dqn`` would resolve for it and the same
 folder (``OUT/dqn/ENV/ACT/TAG/seedN``: ``config.yaml``, ``run.h5``, ``summary.json``, ``DONE.json``), so ``reports``
@@ -10,7 +11,7 @@ and ``reports.classic`` read populations and single runs alike. The log holds th
 loss and learning rate (as a single run's: the first update, every hundredth of the run, the last); the run log's
 ``engine`` attribute says ``population:<implementation>``; the member's final Q-network is ``q_net.pt`` (its
 ``state_dict``). Probes (``--probe gradcov`` ...) run per member on its own network and replay buffer, into its log,
-as in a single run. The population checkpoints to ``OUT/populations/<key>.pkl`` (its members' folders listed in
+as in a single run; so do the Atari members' evaluations (``eval_every``: greedy whole games, ``eval_return``). The population checkpoints to ``OUT/populations/<key>.pkl`` (its members' folders listed in
 ``<key>.members.json``) and ``--resume`` continues it exactly.
 
 Every member folder is locked and written through :class:`agents.lifecycle.RunFolder`, as a single run's: exit
@@ -23,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import pickle
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +41,9 @@ from agents.errors import ConfigError, RunWriteError
 from agents.lifecycle import FINISHED, RunFolder, open_runs
 from agents.runfolder import OUTPUT_KEYS
 from agents.rl.checkpoint import CHECKPOINT, REPLAY_DIR, CheckpointWriteError, write_atomic
+from agents.rl.envs import is_atari
+from agents.rl.evaluation import EVAL_SEED_OFFSET
+from agents.rl.frame_buffer import prune_chunks
 from agents.rl.config import probe_arguments, resolve
 from agents.signals import STOP_SIGNALS, handling
 from probes import ProbeContext, ProbeRunner, make_probe
@@ -47,6 +52,7 @@ from probes.sb3 import SCALARS
 
 from . import MEMBER_KEYS, checkpointed_groups, members_file, record_members, restarted_since
 from .device import DEVICE_MODES, DevicePopulation, device_refusal
+from .atari import AtariPopulation, atari_refusal
 from .engine import Member, Population, config_refusal, member_q_net
 from . import memory, timing
 
@@ -72,7 +78,8 @@ class MemberLog:
         probes = [make_probe(name, **probe_arguments(config, name)) for name in config["probe"]]
         # the member's QNetwork, loaded with its weights at each probe (only built where there are probes)
         self.model = member_q_net(config, config["seed"]).to(pop.device) if probes else None
-        inputs = torch.zeros(self.n_inputs, pop.env.obs_dim)
+        inputs = torch.zeros(self.n_inputs, 4, 84, 84, dtype=torch.uint8) if isinstance(pop, AtariPopulation) \
+            else torch.zeros(self.n_inputs, pop.env.obs_dim)
         example = ProbeContext(step=0, inputs=inputs, **pop.member_probe_context(m, self.model, self.rng)) \
             if probes else ProbeContext(step=0, model=pop.base, inputs=inputs)
         self.runner = ProbeRunner(probes, path, example=example,
@@ -107,14 +114,26 @@ class MemberLog:
         self.runner.close()
 
 
-def _checkpoint(path: Path, pop: Population, seen: Sequence[int], logs: Sequence[MemberLog], wall: float) -> None:
+def _checkpoint(path: Path, pop: Population, seen: Sequence[int], logs: Sequence[MemberLog], wall: float,
+                dirs: Sequence[Path]) -> None:
     """The whole population, the episodes its logs hold and their states, in one atomic pickle (the previous
-    checkpoint stays in place if it cannot be written: :class:`CheckpointWriteError`)."""
+    checkpoint stays in place if it cannot be written: :class:`CheckpointWriteError`). An Atari population's frame
+    replays are not in the pickle: each member's new frames go to chunk files in its folder's ``replay/`` first (as
+    a single run's checkpoint writes them), the pickle names the chunks, and chunks no checkpoint needs are
+    removed after it is in place."""
+    replays = pop.replay if isinstance(pop, AtariPopulation) else None
     try:
-        write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs], "wall": wall})
+        chunks = [buf.save_frames(d / REPLAY_DIR) for buf, d in zip(replays, dirs)] if replays else None
+        with contextlib.ExitStack() as stack:
+            for buf in replays or []:
+                stack.enter_context(buf.frames_in_chunks())
+            write_atomic(path, {"pop": pop, "seen": list(seen), "logs": [log.state() for log in logs], "wall": wall,
+                                "replay_chunks": chunks})
     except OSError as err:
         raise CheckpointWriteError(f"{path}: cannot write the checkpoint ({err.strerror or err}); the disk may be "
                                    "full") from err
+    for keep, d in zip(chunks or [], dirs):
+        prune_chunks(d / REPLAY_DIR, keep)
 
 
 def _checkpoint_path(out: Path, configs: Sequence[Mapping[str, Any]]) -> Path:
@@ -193,6 +212,12 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
                                   "device; resume it on a machine with one") from None
             raise ConfigError(f"{path}: the population checkpoint is unreadable ({type(err).__name__}: {err}); "
                               "delete it to start the population afresh") from None
+        if state.get("replay_chunks"):
+            try:
+                for buf, d, chunks in zip(state["pop"].replay, dirs, state["replay_chunks"]):
+                    buf.load_frames(d / REPLAY_DIR, chunks)
+            except OSError as err:
+                raise ConfigError(f"{path}: {err}; delete the checkpoint to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",
               file=sys.stderr)
     for run in runs:  # a fresh population clears each folder (its log is replaced below); a resumed one writes its
@@ -221,13 +246,30 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
             log.close()
         raise
     # the TD loss and learning rate of the first update, of the first at or after each hundredth of the run, and of
-    # the last (probes.sb3.ProbeCallback's cadence with one update per step)
-    loss_every, first_update = max(1, steps // 100), int(configs[0]["learning_starts"]) + 1
+    # the last (probes.sb3.ProbeCallback's cadence; updates every train_freq steps past learning_starts)
+    loss_every, train_freq = max(1, steps // 100), int(configs[0].get("train_freq", 1))
+    first_update = (int(configs[0]["learning_starts"]) // train_freq + 1) * train_freq
+    eval_every, eval_episodes = configs[0].get("eval_every"), int(configs[0].get("eval_episodes") or 5)
     start = time.perf_counter() - (state["wall"] if state else 0.0)
     stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
     on_device = isinstance(pop, DevicePopulation)
     ended = [bool(d) for d in pop.diverged_at]  # members whose logs ended (diverged)
     probing = any(log.runner.probes for log in logs)  # (else no per-member work on the host in a step)
+    next_eval = (pop.num_timesteps // eval_every + 1) * eval_every if eval_every else None
+
+    def evaluate(t: int) -> None:
+        """The members' evaluations due at step ``t`` (after the env step, after the probes: EvalCallback's place
+        in a single run's callbacks), each on its own test games seeded as a single run's."""
+        nonlocal next_eval
+        if next_eval is None or t < next_eval:
+            return
+        games = pop.evaluate([c["seed"] + EVAL_SEED_OFFSET + t for c in configs], eval_episodes)
+        for m, log in enumerate(logs):
+            if not ended[m] and not pop.diverged_at[m]:
+                for ret, length in games[m]:
+                    log.scalar("eval_return", t, ret)
+                    log.scalar("eval_length", t, length)
+        next_eval = (t // eval_every + 1) * eval_every
 
     def flush() -> None:
         """Log the episodes the host has seen since the last call; end the logs of members that diverged."""
@@ -254,16 +296,19 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
                     if on_device:
                         pop.read_back()
                         flush()
-                    _checkpoint(path, pop, seen, logs, time.perf_counter() - start)
+                    _checkpoint(path, pop, seen, logs, time.perf_counter() - start, dirs)
                 state = None  # (a resumed run does not rewrite the checkpoint it started from)
                 t = pop.num_timesteps + 1  # the step about to be taken
-                loss_step = t >= first_update and (t % loss_every == 0 or t in (first_update, steps))
+                loss_step = t >= first_update and t % train_freq == 0 and \
+                    (t // loss_every > (t - train_freq) // loss_every or t in (first_update, steps))
                 due = [log for m, log in enumerate(logs) if not ended[m] and log.runner.due(t)] if probing else []
                 if on_device and due:  # (read back first: no probe of a member after it diverged)
                     pop.read_back()
                     flush()
                     due = [log for m, log in enumerate(logs) if not ended[m] and log.runner.due(t)]
                 probes = (lambda: [log.probe(t) for log in due]) if due else None
+                if next_eval is not None and t >= next_eval:
+                    probes = (lambda probes=probes, t=t: (probes and probes(), evaluate(t)))
                 pop.step(probes) if on_device else pop.step(before_store=probes)
                 if on_device and (loss_step or t == steps):  # (read now: nothing of a member is logged after it
                     pop.read_back()  # diverged, and its last episodes are)
@@ -280,7 +325,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
             flush()
         ongoing = [log for m, log in enumerate(logs) if not ended[m]]
         if stop and pop.num_timesteps < steps:  # checkpoint the step just finished (nothing is lost), mark the
-            _checkpoint(path, pop, seen, logs, time.perf_counter() - start)  # logs, exit as a stopped run does
+            _checkpoint(path, pop, seen, logs, time.perf_counter() - start, dirs)  # logs, exit as a stopped run does
             for log in ongoing:
                 log.runner.log.end(pop.num_timesteps, "interrupted")
             print(f"{path}: stopped by signal {stop[0]} at step {pop.num_timesteps} of {steps}, checkpointed; "
@@ -314,6 +359,8 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
         summaries.append(run.finish(summary))
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     members_file(path).unlink(missing_ok=True)
+    for d in dirs:  # (an Atari member's replay chunks: only the checkpoint needed them)
+        shutil.rmtree(d / REPLAY_DIR, ignore_errors=True)
     return summaries
 
 
@@ -321,6 +368,8 @@ def _engine(config: Mapping[str, Any], members: Sequence[Member], implementation
             device: str) -> Population | DevicePopulation:
     """The engine of ``implementation``: the device step for ``device`` / ``device-compiled``, else
     :class:`Population` (whose own implementations the others are)."""
+    if is_atari(config["env"]):
+        return AtariPopulation(config, members, implementation=implementation, device=device)
     if implementation in DEVICE_MODES:
         return DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
     return Population(config, members, implementation=implementation, device=device)
@@ -347,6 +396,8 @@ class DQNPopulation:
         shared = [{k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} for c in configs]
         if any(s != shared[0] for s in shared[1:]):
             return f"population members may differ in {', '.join(MEMBER_KEYS)} only"
+        if is_atari(configs[0]["env"]):
+            return atari_refusal(configs[0], _device(configs[0]))
         if _implementation(configs[0]) in DEVICE_MODES:
             return device_refusal(configs[0], _device(configs[0]))
         return config_refusal(configs[0], _device(configs[0]))
