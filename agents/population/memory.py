@@ -8,6 +8,11 @@ slack) per sample of the batch. A population allocates every member's buffer at 
 budget is a share of the device's free memory (:data:`SHARE`): CUDA's free memory, or the machine's available RAM.
 With ``--workers N`` on one device, N populations share it. On a CPU a population also stops at :data:`CPU_MEMBERS`:
 beyond it the update's activations outgrow the caches and each member trains slower (docs/agents/populations.md).
+
+An Atari member (:mod:`agents.population.atari`) keeps its frame replay in host memory
+(:func:`agents.rl.frame_buffer.frame_buffer_bytes`: ~7.5 GB at the paper's 1e6 transitions) and its networks,
+optimiser state and activations on the device: on a GPU both budgets bound a population (the host's RAM, not the
+GPU's memory, is what limits it at the paper's buffer), on a CPU their sum.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 from agents.errors import ConfigError
 from agents.rl.budget import available_memory
 
-__all__ = ["SHARE", "CPU_MEMBERS", "member_bytes", "population_bytes", "budget", "capacity"]
+__all__ = ["SHARE", "CPU_MEMBERS", "member_bytes", "atari_member_bytes", "population_bytes", "budget", "capacity"]
 
 #: the config keys a population's members differ in (agents.population.MEMBER_KEYS; not imported: a cycle)
 _MEMBER_KEYS = ("seed", "learning_rate", "buffer_size", "exploration_initial_eps", "exploration_final_eps",
@@ -39,11 +44,28 @@ CPU_MEMBERS = 64
 
 def member_bytes(config: Mapping[str, Any], buffer_size: int | None = None) -> int:
     """Bytes of one member of a resolved ``dqn`` config (its buffer at ``buffer_size``, default its own)."""
+    if config["derived"].get("cnn"):
+        return sum(atari_member_bytes(config, buffer_size))
     params, floats = _network(config)
     d = math.prod(config["derived"]["observation_shape"])
     replay = int(buffer_size or config["buffer_size"]) * (2 * 4 * d + 8 + 4 + 4)
     activations = int(config["batch_size"]) * floats * 4 * 4  # online forward, its backward, target forward, slack
     return replay + 4 * 4 * params + activations
+
+
+def atari_member_bytes(config: Mapping[str, Any], buffer_size: int | None = None) -> tuple[int, int]:
+    """``(host bytes, device bytes)`` of one Atari member: its frame replay (host) and its networks (online, target,
+    Adam's two moments, gradient) with its update's activations (device)."""
+    from gymnasium import spaces
+
+    from agents.rl.frame_buffer import frame_buffer_bytes
+
+    params, floats = _network(config)
+    replay = frame_buffer_bytes(int(buffer_size or config["buffer_size"]),
+                                spaces.Box(0, 255, tuple(config["derived"]["observation_shape"]), "uint8"),
+                                spaces.Discrete(2))
+    activations = int(config["batch_size"]) * floats * 4 * 4
+    return replay, 5 * 4 * params + activations
 
 
 def _network(config: Mapping[str, Any]) -> tuple[int, int]:
@@ -54,12 +76,14 @@ def _network(config: Mapping[str, Any]) -> tuple[int, int]:
 
     key = json.dumps({k: v for k, v in config.items() if k not in _MEMBER_KEYS}, sort_keys=True, default=str)
     if key not in _MEASURED:
-        net = member_q_net(config, 0).q_net
+        cnn = bool(config["derived"].get("cnn"))
+        net = member_q_net(config, 0) if cnn else member_q_net(config, 0).q_net
         floats = [0]
         hooks = [m.register_forward_hook(lambda m, i, o: floats.__setitem__(0, floats[0] + o.numel()))
                  for m in net.modules() if not list(m.children())]
         with torch.no_grad():
-            net(torch.zeros(1, math.prod(config["derived"]["observation_shape"])))
+            net(torch.zeros(1, *config["derived"]["observation_shape"], dtype=torch.uint8) if cnn else
+                torch.zeros(1, math.prod(config["derived"]["observation_shape"])))
         for h in hooks:
             h.remove()
         _MEASURED[key] = (sum(p.numel() for p in net.parameters()), floats[0])
@@ -93,5 +117,8 @@ def capacity(configs: Sequence[Mapping[str, Any]], device: str) -> int:
     """The most members like ``configs`` (every buffer at the largest of theirs) one population should hold on
     ``device``: what :func:`budget` holds (at least one), and on a CPU at most :data:`CPU_MEMBERS`."""
     largest = max(configs, key=lambda c: int(c["buffer_size"]))
+    if largest["derived"].get("cnn") and torch.device(device).type == "cuda":  # replay on the host, nets on the GPU
+        host, on_device = atari_member_bytes(largest)
+        return max(1, min(budget("cpu") // host, budget(device) // on_device))
     fit = max(1, budget(device) // member_bytes(largest))
     return min(fit, CPU_MEMBERS) if torch.device(device).type == "cpu" else fit
