@@ -1,7 +1,7 @@
 """How long populations will train on this machine: each population's step timed here, before a grid starts.
 
 A population's run is ``learning_starts`` steps acting at random, then steps that act epsilon-greedily and update
-every member (one update per env step). :func:`population_seconds` times both kinds of step on a throwaway
+every member (one update per ``train_freq`` env steps: timed over whole periods). :func:`population_seconds` times both kinds of step on a throwaway
 population of the same members, network, task and device (its ``learning_starts`` cut to one batch, so that updates
 start at once; untimed warm-up steps first; one torch thread and glibc's allocator as training sets them) and
 applies them to the run's length. Compiled implementations are timed
@@ -46,6 +46,8 @@ def step_seconds(config: Mapping[str, Any], members: Sequence[Any], implementati
     from .run import _engine
 
     config = {**config, "learning_starts": int(config["batch_size"])}
+    every = int(config.get("train_freq", 1))
+    block = -(-_STEPS // every) * every  # (timed steps in whole update periods: each period holds one update)
     retain_freed_memory()  # as training sets it (this process then keeps the heap of the largest step timed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if config.get("torch_threads") is None else int(config["torch_threads"]))
@@ -58,8 +60,8 @@ def step_seconds(config: Mapping[str, Any], members: Sequence[Any], implementati
         for _ in range(_WARMUP):
             pop.step()
         full_s, n = 0.0, 0
-        while n < _STEPS or full_s * n < _TIMED_S:
-            full_s, n = (full_s * n + clock.time(pop.step, _STEPS) * _STEPS) / (n + _STEPS), n + _STEPS
+        while n < block or full_s * n < _TIMED_S:
+            full_s, n = (full_s * n + clock.time(pop.step, block) * block) / (n + block), n + block
         return random_s, full_s
     finally:
         torch.set_num_threads(threads)
