@@ -12,7 +12,8 @@ a population), the ratio to SB3 and where a population's time went (acting, env,
 :data:`agents.population.engine.IMPLEMENTATIONS` asked for (the compile of "compiled" happens in the untimed
 warm-up and is reported apart), with the allocator set as training sets it (:mod:`agents.allocator`), and for the
 device step (:mod:`agents.population.device`: ``device``, eager; ``device-compiled``, both phases through
-``torch.compile``). SB3's DQN runs on the CPU (one thread, as a single run trains fastest); ``--device cuda`` runs
+``torch.compile``). SB3's DQN runs on the CPU (one thread, as a single run trains fastest; an Atari run on
+``--device``); ``--device cuda`` runs
 the populations on the GPU and adds the GPU's busy share (kernel time over wall time, from the profiler, over 20
 steps) and the peak GPU memory per member. Memory per member is the
 population's own tensors (parameters, optimiser state, replay) over P. Do not run it while a study runs on the same
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     implementations = args.implementations or ("loop,vmap" if atari else "compiled,batched")
     extra_settings = {"atari_env": "ale-vector", "eval_every": None, "probe": []} if atari else {}
     config = resolve("dqn", {"env": args.env, "act": args.act, "device": args.device, **extra_settings})
-    sb3_config = {**config, "device": "cpu"}
+    sb3_config = config if atari else {**config, "device": "cpu"}  # (an Atari run trains fastest on the device)
     before = sb3_rate(sb3_config, args.steps)
     print(f"SB3 DQN {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
     rows = []
