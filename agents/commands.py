@@ -140,6 +140,10 @@ class Population(Protocol):
     def memory_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
         """Estimated bytes of one population of these runs on its device (a grid's share of a GPU), or None."""
 
+    def host_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
+        """Estimated bytes one population of these runs holds in host memory beside its device's (replays kept on
+        the host: what a Ray task asks its node for), or None."""
+
     def seconds(self, configs: Sequence[Mapping[str, Any]]) -> float | None:
         """Estimated seconds to train these runs as one population here (a grid's plan), or None where it cannot
         tell (their device is not on this machine)."""

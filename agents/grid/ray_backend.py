@@ -45,7 +45,8 @@ class WorkerLost(RuntimeError):
 def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Callable[[Outcome], None],
              began: float) -> None:
     """Run the tasks on the Ray cluster at ``RAY_ADDRESS`` (else a local one started here), ``workers`` at a time
-    (default: as many as it has CPUs), one CPU each (tasks on CUDA also a share of a GPU: :func:`_gpu_shares`) and
+    (default: as many as it has CPUs), one CPU each (tasks on CUDA also a share of a GPU: :func:`_gpu_shares`;
+populations whose replays live on the host also that memory: :func:`_host_memory`) and
     never retried. A stop signal cancels the running tasks
     (SIGINT in their workers: they stop as on Ctrl-C); a cancelled task that took no run lock since ``began`` (the
     grid's start) never began."""
@@ -76,6 +77,7 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
             started = " (started here)" if owned and not address else ""
             limit = f", {slots} task{'s' * (slots > 1)} at a time (--workers)" if workers else ""
             shares = _gpu_shares(work, stop)
+            host = _host_memory(work)
             if shares:
                 low, high = min(shares.values()), max(shares.values())
                 limit += f"; tasks on cuda take {low:g}{f'-{high:g}' if high > low else ''} of a GPU each"
@@ -101,8 +103,9 @@ def _run_ray(work: Sequence[Task], workers: int | None, stop: _Stop, record: Cal
                         return [o for ref in done for o in ended(ref, running.pop(ref))]
 
             def start(task: Task) -> Hashable:
-                share = shares.get(id(task), 0.0)
-                return (remote.options(num_gpus=share) if share else remote).remote(task)
+                share, memory = shares.get(id(task), 0.0), host.get(id(task))
+                options = {**({"num_gpus": share} if share else {}), **({"memory": memory} if memory else {})}
+                return (remote.options(**options) if options else remote).remote(task)
 
             _drive(work, slots, start, wait_some, stop, record)
     finally:
@@ -160,6 +163,28 @@ def _gpu_shares(work: Sequence[Task], stop: _Stop) -> dict[int, float]:
         raise ConfigError("the Ray cluster's GPU tasks cannot use CUDA (torch.cuda.is_available() is False in a task "
                           "given a GPU): check its nodes' drivers and torch build, or set device: cpu")
     return {id(t): gpu_share(t, total) for t in cuda}
+
+
+def _host_memory(work: Sequence[Task]) -> dict[int, int]:
+    """The host memory each population task asks Ray for (by ``id``; Ray's ``memory`` resource): its engine's
+    estimate of what it holds on the host (an Atari population's replays), so that a node runs only as many as its
+    RAM holds. Refuses a task larger than every node's memory."""
+    import ray
+
+    need = {}
+    for task in work:
+        if isinstance(task, PopulationTask):
+            engine = population(get_command(task.runs[0].command))
+            estimate = engine.host_bytes([r.config for r in task.runs]) if hasattr(engine, "host_bytes") else None
+            if estimate:
+                need[id(task)] = int(estimate)
+    if need:
+        largest = max((n.get("Resources", {}).get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+        if max(need.values()) > largest:
+            raise ConfigError(f"a population of this grid needs {max(need.values()) / 2**30:.1f} GiB of host memory "
+                              f"for its replays and the largest node of the Ray cluster has {largest / 2**30:.1f} "
+                              "GiB for tasks: set population_size smaller, or buffer_size")
+    return need
 
 
 def gpu_share(task: Task, gpu_bytes: int) -> float:

@@ -417,8 +417,18 @@ class DQNPopulation:
         return memory.capacity(configs, _device(configs[0]))
 
     def memory_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int:
-        """The population's estimated bytes on its device (:func:`memory.population_bytes`)."""
+        """The population's estimated bytes on its device (:func:`memory.population_bytes`; an Atari population on
+        CUDA: its networks, optimiser states and activations, its replays being on the host)."""
+        if is_atari(configs[0]["env"]) and torch.device(_device(configs[0])).type == "cuda":
+            return len(configs) * memory.atari_member_bytes(configs[0])[1]
         return memory.population_bytes(configs)
+
+    def host_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
+        """An Atari population's frame replays in host memory (every member's at the largest buffer), else None."""
+        if not is_atari(configs[0]["env"]):
+            return None
+        largest = max(int(c["buffer_size"]) for c in configs)
+        return len(configs) * memory.atari_member_bytes(configs[0], largest)[0]
 
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """The population's estimated memory and device, for a grid's plan."""
