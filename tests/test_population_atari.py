@@ -1,7 +1,7 @@
 """Atari population members against single runs of ``agents.train dqn --set atari_env=ale-vector`` (SB3's DQN on
-the same C++ vector env), in lockstep: with the single runs' draws injected, each member's weights after 37 updates
-(3-step returns, Adam, target copies, life losses, game overs and truncations on the way) equal the run's bit for
-bit ("loop"); the stacked form ("vmap") equals the loop in float64; a pickled population continues as the
+the same C++ vector env), in lockstep: each member draws from its single run's streams, and its weights after 37
+updates (3-step returns, Adam, target copies, life losses, game overs and truncations on the way) equal the run's
+bit for bit ("loop"); the stacked form ("vmap") equals the loop in float64; a pickled population continues as the
 uninterrupted one."""
 
 from __future__ import annotations
@@ -59,39 +59,47 @@ def sb3_run(config: dict) -> tuple[dict, dict[str, torch.Tensor], list]:
     return draws, {k: v.detach().clone() for k, v in model.q_net.state_dict().items()}, games
 
 
-class Injected:
-    """Per member, the draws a single run made, in order."""
-
-    def __init__(self, per_member: list[dict]) -> None:
-        self.d = [{k: list(v) for k, v in d.items()} for d in per_member]
-
-    def explore(self, m):
-        return self.d[m]["coins"].pop(0)
-
-    def action(self, m):
-        return self.d[m]["actions"].pop(0)
-
-    def all_indices(self, sizes, k):
-        idx = np.stack([d["indices"].pop(0) for d in self.d])
-        assert (idx.max(1) < sizes).all() and idx.shape[1] == k
-        return idx
-
-
 @pytest.mark.parametrize("act", ["elephant", "relu"])
-def test_members_equal_single_runs_on_the_vector_env_bit_for_bit(act):
+def test_members_are_the_single_runs_of_their_seeds_bit_for_bit(act):
+    """Nothing injected: each member draws from the streams its single run draws from (SingleRunDraws), so after
+    37 updates its weights and games are the single run's; the draws recorded from the single runs are the ones the
+    members made."""
     configs = member_configs({**SETTINGS, "act": act}, MEMBERS)
     runs = [sb3_run(c) for c in configs]
-    pop = AtariPopulation(configs[0], MEMBERS, draws=Injected([d for d, _, _ in runs]), implementation="loop")
+    recorded = Recording(AtariPopulation(configs[0], MEMBERS).draws)
+    pop = AtariPopulation(configs[0], MEMBERS, draws=recorded, implementation="loop")
     pop.learn(STEPS)
     assert pop.adam_steps == STEPS // 10 - 32 // 10  # after steps 40, 50, ..., 400
     for m, (draws, weights, games) in enumerate(runs):
-        assert len(draws["indices"]) == pop.adam_steps and not any(pop.draws.d[m].values())  # all used
+        assert {k: [np.asarray(x).tolist() for x in v] for k, v in draws.items()} == \
+            {k: [np.asarray(x).tolist() for x in v] for k, v in recorded.made[m].items()}
         state = pop.member_state(m)
         assert state.keys() == weights.keys()
         for name, w in weights.items():
             assert torch.equal(state[name], w), (m, name, (state[name] - w).abs().max())  # bit for bit
         assert [(r, n) for _, r, n in pop.episodes[m]] == games and len(games) >= 2  # truncated at 150 steps
     assert pop.replay[1].size() == 300  # (the second member's buffer wrapped)
+
+
+class Recording:
+    """Draws that record, per member, what they made (as sb3_run records a single run's)."""
+
+    def __init__(self, draws) -> None:
+        self.draws, self.made = draws, [{"coins": [], "actions": [], "indices": []} for _ in MEMBERS]
+
+    def explore(self, m):
+        self.made[m]["coins"].append(u := self.draws.explore(m))
+        return u
+
+    def action(self, m):
+        self.made[m]["actions"].append(a := self.draws.action(m))
+        return a
+
+    def all_indices(self, sizes, k):
+        idx = self.draws.all_indices(sizes, k)
+        for m, row in enumerate(idx):
+            self.made[m]["indices"].append(row)
+        return idx
 
 
 def float64_population(config: dict, members: list[Member], implementation: str) -> AtariPopulation:

@@ -20,8 +20,10 @@ backward are slower than one convolution per member, 194 against 104 ms per upda
 ``"vmap"`` on a GPU (one kernel per layer for all members). The two agree to float rounding (float64: 1e-10 after
 an update).
 
-Randomness is per member (:class:`agents.population.engine.Draws`): exploration coins, random actions and replay
-indices from the member's generator.
+Randomness is per member and is the single run's (:class:`SingleRunDraws`): a member draws its exploration coins,
+random actions and replay indices from the very streams ``agents.train dqn`` draws them from for its seed (numpy's
+global generator as ``set_random_seed(seed)`` leaves it, the action space seeded with ``seed``), so that, with
+``"loop"``, **a member is the single run of its seed**, bit for bit, with nothing injected.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ from agents.rl.ale_vector import AtariGames, AtariGamesVecEnv, game_name
 from agents.rl.envs import is_atari
 from agents.rl.frame_buffer import FrameReplayBuffer
 
-from .engine import Draws, Member, _schedules
+from .engine import Member, _schedules
 from .networks import member_q_net
 
-__all__ = ["AtariPopulation", "atari_refusal", "IMPLEMENTATIONS"]
+__all__ = ["AtariPopulation", "SingleRunDraws", "atari_refusal", "IMPLEMENTATIONS"]
 
 #: how the members' networks run: "vmap" (one torch.func call over stacked parameters), "loop" (each member's own
 #: module and optimiser: SB3's kernels, its slow twin), "auto" ("loop" on a CPU, "vmap" on a GPU; module docstring)
@@ -79,6 +81,29 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu") -> str | None:
     return None
 
 
+class SingleRunDraws:
+    """Each member's draws as ``agents.train dqn`` makes them for its seed: epsilon's coin ``np.random.rand()`` and
+    replay indices ``np.random.randint(0, size, k)`` from numpy's global generator as SB3's ``set_random_seed(seed)``
+    leaves it (network initialisation draws from torch's), random actions from the action space seeded with
+    ``seed``; here one ``RandomState`` and one space per member. The interface of
+    :class:`agents.population.engine.Draws`."""
+
+    def __init__(self, seeds: Sequence[int], n_actions: int) -> None:
+        self.states = [np.random.RandomState(int(s)) for s in seeds]
+        self.spaces = [spaces.Discrete(n_actions) for _ in seeds]
+        for space, s in zip(self.spaces, seeds):
+            space.seed(int(s))
+
+    def explore(self, m: int) -> float:
+        return float(self.states[m].rand())
+
+    def action(self, m: int) -> int:
+        return int(self.spaces[m].sample())
+
+    def all_indices(self, sizes: np.ndarray, k: int) -> np.ndarray:
+        return np.stack([rs.randint(0, int(n), size=k) for rs, n in zip(self.states, sizes)])
+
+
 class _FloatQ(nn.Module):
     """A QNetwork's modules on float observations (SB3's ``preprocess_obs`` casts to float32; a float64 twin keeps
     float64): the same parameter names as the QNetwork's ``state_dict``."""
@@ -109,7 +134,7 @@ class AtariPopulation:
     ale-vector``; its seed, learning rate, buffer size and epsilon schedule are the members').
 
     ``nets``: initial Q-networks per member (default :func:`member_q_net`; float64 ones for the twin tests);
-    ``draws``: the members' randomness (default :class:`Draws`); ``num_threads``: the vector env's C++ threads
+    ``draws``: the members' randomness (default :class:`SingleRunDraws`); ``num_threads``: the vector env's C++ threads
     (0: one per game, at most the machine's cores).
     """
 
@@ -153,7 +178,7 @@ class AtariPopulation:
                                                max_episode_steps=config.get("max_episode_steps") or 108_000,
                                                num_threads=num_threads))
         self.n_actions = int(self.env.action_space.n)
-        self.draws = draws if draws is not None else Draws([m.seed for m in members], self.n_actions)
+        self.draws = draws if draws is not None else SingleRunDraws([m.seed for m in members], self.n_actions)
         obs_space = spaces.Box(0, 255, OBS_SHAPE, np.uint8)
         self.replay = [FrameReplayBuffer(m.buffer_size, obs_space, self.env.action_space, device=self.device,
                                          n_envs=1, n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]))
