@@ -434,7 +434,7 @@ def test_a_run_belongs_to_the_newest_checkpoint_that_lists_it(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"command": "ppo", "fixed": {"env": "CartPole-v1"}}, "engine: population trains runs of dqn only, not ppo"),
+    ({"command": "ppo", "fixed": {"env": "CartPole-v1"}}, "engine: population trains runs of dqn, rainbow only, not ppo"),
     ({"engine": "fast"}, "unknown engine 'fast'"),
     ({"engine": None, "population_size": 4}, "population_size is for grids with engine: population"),
     ({"population_size": 0}, "population_size must be a positive integer"),

@@ -182,11 +182,13 @@ def test_settings_the_atari_population_cannot_run_are_refused_in_one_line():
 
 
 @pytest.mark.long
-def test_a_killed_atari_population_resumes_to_the_uninterrupted_result(tmp_path):
-    """``agents.train dqn --env ALE/Breakout-v5 --seeds 0-1 --set atari_env=ale-vector``: SIGKILL right after the
-    second checkpoint, then --resume: every member's log (training games, losses, evaluations, the gradient
+@pytest.mark.parametrize("algo", ["dqn", "rainbow"])
+def test_a_killed_atari_population_resumes_to_the_uninterrupted_result(tmp_path, algo):
+    """``agents.train dqn|rainbow --env ALE/Breakout-v5 --seeds 0-1 --set atari_env=ale-vector``: SIGKILL right
+    after the second checkpoint, then --resume: every member's log (training games, losses, evaluations, the gradient
     covariance probe) and final weights equal an uninterrupted population's; the frame replays came back from the
-    chunk files in the members' folders, which are gone once the population finished."""
+    chunk files in the members' folders (with their priorities, for Rainbow), which are gone once the population
+    finished."""
     import os
     import signal
     import subprocess
@@ -197,7 +199,7 @@ def test_a_killed_atari_population_resumes_to_the_uninterrupted_result(tmp_path)
     from runlog.failpoints import ENV as KILL_AT
 
     root = Path(__file__).resolve().parents[1]
-    args = [sys.executable, "-m", "agents.train", "dqn", "--env", "ALE/Breakout-v5", "--act", "elephant", "--seeds",
+    args = [sys.executable, "-m", "agents.train", algo, "--env", "ALE/Breakout-v5", "--act", "elephant", "--seeds",
             "0-1", "--steps", "1200", "--set", "atari_env=ale-vector", "--set", "max_episode_steps=300", "--set",
             "eval_every=500", "--set", "eval_episodes=1", "--set", "buffer_size=2000", "--set",
             "probe_kwargs={gradcov: {at: [1000], k: 8}}", "--checkpoint-every", "400", "--no-progress"]
@@ -225,3 +227,37 @@ def test_a_killed_atari_population_resumes_to_the_uninterrupted_result(tmp_path)
         wa, wb = torch.load(a.parent / "q_net.pt"), torch.load(b.parent / "q_net.pt")
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not list((tmp_path / "run").rglob("replay")) and not list((tmp_path / "run" / "populations").glob("*.pkl"))
+
+
+RAINBOW = {**SETTINGS, "per_beta_steps": 300}  # (beta annealed within the test)
+
+
+def rainbow_run(config: dict) -> tuple[dict[str, torch.Tensor], list]:
+    """Train agents.train rainbow's model for STEPS: its final weights (noise buffers included) and games."""
+    model = build_model(config)
+    model.learn(STEPS)
+    return {k: v.detach().clone() for k, v in model.q_net.state_dict().items()}, \
+        [(e["r"], e["l"]) for e in model.ep_info_buffer]
+
+
+@pytest.mark.parametrize("act", ["elephant", "relu"])
+def test_rainbow_members_are_the_single_runs_of_their_seeds_bit_for_bit(act):
+    """Every component (noisy nets redrawn before each action and update from the run's torch stream, C51, PER from
+    its numpy stream with beta annealed, 3-step returns, dueling, double Q, fused Adam): a member's weights and
+    games after 37 updates are its single run's."""
+    configs = [resolve("rainbow", {**RAINBOW, "act": act, "seed": m.seed, "learning_rate": m.learning_rate,
+                                   "buffer_size": m.buffer_size}) for m in MEMBERS[:1]] + \
+        [resolve("rainbow", {**RAINBOW, "act": act, "seed": 1, "learning_rate": 3e-4, "buffer_size": 300,
+                             "exploration_initial_eps": 0.6, "exploration_final_eps": 0.1, "exploration_steps": 100})]
+    runs = [rainbow_run(c) for c in configs]
+    pop = AtariPopulation(configs[0], MEMBERS)
+    assert pop.implementation == "loop"
+    pop.learn(STEPS)
+    for m, (weights, games) in enumerate(runs):
+        state = pop.member_state(m)
+        assert state.keys() == weights.keys()
+        for name, w in weights.items():
+            assert torch.equal(state[name], w), (m, name, (state[name] - w).abs().max())
+        assert [(r, n) for _, r, n in pop.episodes[m]] == games and len(games) >= 2
+    again = pickle.loads(pickle.dumps(pop))  # (the members' torch streams travel as states)
+    assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(pop.noise, again.noise))

@@ -1,4 +1,4 @@
-"""P Atari DQN agents of one game trained in lockstep in one process, on ale-py's C++ vector env.
+"""P Atari DQN or Rainbow agents of one game trained in lockstep in one process, on ale-py's C++ vector env.
 
 Each member is ``agents.train dqn --env ALE/... --set atari_env=ale-vector`` with its own seed, learning rate,
 buffer size and epsilon schedule (:class:`agents.population.engine.Member`; the rest of the config is the
@@ -19,6 +19,11 @@ the stacked tensors; ``"auto"`` is ``"loop"`` on a CPU (compute-bound: oneDNN's 
 backward are slower than one convolution per member, 194 against 104 ms per update of 4 members on one thread) and
 ``"vmap"`` on a GPU (one kernel per layer for all members). The two agree to float rounding (float64: 1e-10 after
 an update).
+
+Rainbow members (a ``rainbow`` config; :mod:`agents.population.atari_rainbow`) run ``"loop"`` only: each its own
+policy as its single run builds it, prioritized frame replay, and noise drawn from its own torch generator, set to
+where the single run's global torch stream stands when it starts training; every component of
+``agents.rl.rainbow.Rainbow`` (noisy nets, C51, PER, n-step returns, dueling, double Q) through Rainbow's own methods.
 
 Randomness is per member and is the single run's (:class:`SingleRunDraws`): a member draws its exploration coins,
 random actions and replay indices from the very streams ``agents.train dqn`` draws them from for its seed (numpy's
@@ -45,8 +50,9 @@ from agents.rl.ale_vector import AtariGames, AtariGamesVecEnv, game_name
 from agents.rl.envs import is_atari
 from agents.rl.frame_buffer import FrameReplayBuffer
 
+from . import atari_rainbow as rainbow
 from .engine import Member, _schedules
-from .networks import member_q_net
+from .networks import member_policy, member_q_net
 
 __all__ = ["AtariPopulation", "SingleRunDraws", "atari_refusal", "IMPLEMENTATIONS"]
 
@@ -57,24 +63,30 @@ IMPLEMENTATIONS = ("auto", "vmap", "loop")
 OBS_SHAPE = (4, 84, 84)
 
 
-def atari_refusal(config: Mapping[str, Any], device: str = "cpu") -> str | None:
-    """Why the Atari population cannot train runs of the resolved dqn ``config`` exactly as ``agents.train dqn``
-    would, or None if it can."""
+def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation: str = "auto") -> str | None:
+    """Why the Atari population cannot train runs of the resolved dqn or rainbow ``config`` exactly as
+    ``agents.train ALGO`` would, or None if it can."""
+    rainbow = config.get("algo") == "rainbow"
+    if rainbow and implementation not in ("auto", "loop"):
+        return f"Rainbow populations run implementation 'loop' (each member's own networks), not {implementation!r}"
     if not is_atari(str(config.get("env"))):
         return f"the Atari population runs Atari ids (ALE/...-v5), not {config.get('env')!r}"
     if config.get("atari_env") != "ale-vector":
         return ("the Atari population steps ale-py's C++ vector env; its members equal single runs with "
                 "atari_env: ale-vector (got atari_env: {})".format(config.get("atari_env", "sb3")))
-    wrong = {k: config.get(k) for k, ok in (("td_loss", "mse"), ("optimizer", "adam"), ("replay", "frames"),
+    wrong = {k: config.get(k) for k, ok in ((("td_loss", "mse"),) if not rainbow else ()) + (
+                                             ("optimizer", "adam"), ("replay", "frames"),
                                              ("gradient_steps", 1), ("n_envs", 1), ("lr_schedule", "constant"),
-                                             ("max_grad_norm", None), ("tau", 1.0), ("normalize_obs", False),
+                                             ("tau", 1.0), ("normalize_obs", False),
                                              ("normalize_reward", False), ("sb3_log", None))
              if config.get(k, ok) != ok}
+    if not rainbow and config.get("max_grad_norm") is not None:
+        wrong["max_grad_norm"] = config["max_grad_norm"]
     if wrong or config.get("exploration_steps") is None:
-        return ("the Atari population runs the authors' DQN: MSE TD loss, Adam, frame replay, one update per "
-                "train_freq steps, one env per member, a constant learning rate, no clipping, an exploration_steps "
-                f"schedule; got {wrong or 'exploration_steps unset'}")
-    if set(config.get("optimizer_kwargs") or {}) - {"betas", "eps"}:
+        return ("the Atari population runs the authors' DQN and Rainbow: Adam, frame replay, one update per "
+                "train_freq steps, one env per member, a constant learning rate, an exploration_steps schedule, "
+                f"DQN's MSE TD loss without clipping; got {wrong or 'exploration_steps unset'}")
+    if not rainbow and set(config.get("optimizer_kwargs") or {}) - {"betas", "eps"}:
         return f"the Atari population's Adam takes betas and eps, not {sorted(config['optimizer_kwargs'])}"
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
@@ -145,20 +157,29 @@ class AtariPopulation:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         if not members:
             raise ValueError("a population needs at least one member")
-        if (why := atari_refusal(config, device)) is not None:
+        if (why := atari_refusal(config, device, implementation)) is not None:
             raise ValueError(why)
         self.config, self.members, self.device = dict(config), list(members), torch.device(device)
         self.P = len(members)
+        self.rainbow = config.get("algo") == "rainbow"
         if implementation == "auto":
-            implementation = "vmap" if self.device.type == "cuda" else "loop"
+            implementation = "vmap" if self.device.type == "cuda" and not self.rainbow else "loop"
         self.implementation = implementation
+        if self.rainbow:  # each member's policy as its single run builds it; its noise from the run's torch stream
+            policies, self.noise = [], []
+            for m in members:
+                policies.append(member_policy(config, m.seed, m.learning_rate).to(self.device))
+                self.noise.append(torch.Generator().set_state(torch.get_rng_state()))
+            nets = [p.q_net for p in policies]
         nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
         self.nets = [n.to(self.device) for n in nets]
         self.dtype = next(self.nets[0].parameters()).dtype
         self.lr = torch.tensor([m.learning_rate for m in members], dtype=self.dtype, device=self.device)
         opt = dict(config.get("optimizer_kwargs") or {})
         self.betas, self.adam_eps = tuple(opt.get("betas", (0.9, 0.999))), float(opt.get("eps", 1e-8))
-        if self.implementation == "loop":  # each member's module, target and optimiser, as SB3 holds them
+        if self.rainbow:
+            self.targets, self.optimizers = [p.q_net_target for p in policies], [p.optimizer for p in policies]
+        elif self.implementation == "loop":  # each member's module, target and optimiser, as SB3 holds them
             self.targets = [copy.deepcopy(n) for n in self.nets]
             for t in self.targets:
                 t.train(False)
@@ -180,8 +201,13 @@ class AtariPopulation:
         self.n_actions = int(self.env.action_space.n)
         self.draws = draws if draws is not None else SingleRunDraws([m.seed for m in members], self.n_actions)
         obs_space = spaces.Box(0, 255, OBS_SHAPE, np.uint8)
-        self.replay = [FrameReplayBuffer(m.buffer_size, obs_space, self.env.action_space, device=self.device,
-                                         n_envs=1, n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]))
+        replay, extra = FrameReplayBuffer, {}
+        if self.rainbow and config.get("prioritized"):
+            from agents.rl.rainbow import PrioritizedFrameReplayBuffer
+
+            replay, extra = PrioritizedFrameReplayBuffer, {"alpha": config["per_alpha"], "eps": config["per_eps"]}
+        self.replay = [replay(m.buffer_size, obs_space, self.env.action_space, device=self.device, n_envs=1,
+                              n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]), **extra)
                        for m in members]
         self.obs = self.env.reset()
         self.num_timesteps = 0
@@ -194,12 +220,25 @@ class AtariPopulation:
     def diverged_at(self) -> np.ndarray:
         return self.diverged
 
+    def __getstate__(self) -> dict[str, Any]:  # (torch generators do not pickle: their states do)
+        state = dict(self.__dict__)
+        if "noise" in state:
+            state["noise"] = [g.get_state() for g in state["noise"]]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "noise" in state:
+            state["noise"] = [torch.Generator().set_state(g) for g in state["noise"]]
+        self.__dict__.update(state)
+
     # --- network ----------------------------------------------------------------------------------------
 
     def q_values(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
         """``(P, B, actions)`` Q-values of ``obs`` ``(P, B, 4, 84, 84)`` (uint8 or float), member ``m`` on its own
         network (``params``: stacked parameters, default the online ones; "vmap" only)."""
         x = obs.to(self.dtype)
+        if self.rainbow:  # (its forward casts observations as SB3's preprocessing does)
+            return torch.stack([net(obs[m]) for m, net in enumerate(self.nets)])
         if self.implementation == "loop":
             nets = self.nets if params is None else params
             return torch.stack([net.q_net(net.features_extractor(x[m])) for m, net in enumerate(nets)])
@@ -224,6 +263,9 @@ class AtariPopulation:
         if t < self.config["learning_starts"]:
             return np.array([self.draws.action(m) for m in range(self.P)])
         eps = self.epsilon(t)
+        if self.rainbow:  # fresh noise before every action (Rainbow.predict), from each member's torch stream
+            for m in range(self.P):
+                rainbow.set_noise(self, m, "online", resample=True)
         coins = [self.draws.explore(m) < eps[m] for m in range(self.P)]
         greedy = self.greedy(self.obs)
         return np.array([self.draws.action(m) if coins[m] else greedy[m] for m in range(self.P)])
@@ -256,9 +298,12 @@ class AtariPopulation:
             self.seconds["update"] += time.perf_counter() - t3
 
     def _copy_target(self) -> None:
+        """SB3's target copy (``polyak_update`` with tau 1): the parameters, not the buffers."""
         if self.implementation == "loop":
-            for net, target in zip(self.nets, self.targets):
-                target.load_state_dict(net.state_dict())
+            with torch.no_grad():
+                for net, target in zip(self.nets, self.targets):
+                    for p, q in zip(net.parameters(), target.parameters()):
+                        q.copy_(p)
         else:
             self.target = {k: v.detach().clone() for k, v in self.params.items()}
 
@@ -281,6 +326,8 @@ class AtariPopulation:
 
     def update(self) -> Tensor:
         """One Adam step of every member on its own replay sample; the members' losses ``(P,)``."""
+        if self.rainbow:
+            return rainbow.update(self)
         obs, act, nxt, rew, done, disc = self.sample()
         if self.implementation == "loop":
             return self._update_loop(obs, act, nxt, rew, done, disc)
@@ -354,6 +401,11 @@ class AtariPopulation:
         model.load_state_dict(self.member_state(m))
         target = copy.deepcopy(model)
         target.load_state_dict(self._target_state(m))
+        if self.rainbow:
+            from agents.rl.rainbow import rainbow_context
+
+            return rainbow_context(rainbow.RainbowView(self.config, model, target, self.replay[m],
+                                                       self.members[m].seed, self.device), rng)
         algo = SimpleNamespace(td_loss="mse", q_net=model, q_net_target=target, gamma=float(self.config["gamma"]),
                                replay_buffer=self.replay[m], _vec_normalize_env=None)
         return dqn_context(algo, rng)
@@ -375,6 +427,8 @@ class AtariPopulation:
         env = AtariGames(game_name(self.config["env"]), list(seeds), train=False,
                          max_episode_steps=self.config.get("max_episode_steps") or 108_000)
         done: list[list[tuple[float, int]]] = [[] for _ in range(self.P)]
+        for m in range(self.P if self.rainbow else 0):  # greedy on the mean weights (Rainbow.predict, deterministic)
+            rainbow.set_noise(self, m, "online", on=False)
         try:
             obs = env.observation()
             while any(len(d) < episodes for d in done):
@@ -392,3 +446,4 @@ class AtariPopulation:
             self.step()
             if on_step is not None:
                 on_step(self)
+

@@ -140,12 +140,24 @@ def _rmsprop(params: Sequence[Tensor], grads: Sequence[Tensor], square_avgs: Seq
 
 
 
-def member_q_net(config: Mapping[str, Any], seed: int) -> nn.Module:
-    """The Q-network ``agents.train dqn`` builds for ``config`` with ``seed`` (same modules, same initial weights)."""
+def member_policy(config: Mapping[str, Any], seed: int, learning_rate: float | None = None) -> Any:
+    """The policy (online and target Q-networks, optimiser with ``learning_rate``, default the config's) that
+    ``agents.train ALGO`` builds for ``config`` (its ``algo``: dqn or rainbow) with ``seed``: same modules, same
+    initial weights, torch's global generator left where the single run's is when it starts training."""
     from agents.rl.run import policy_kwargs
 
     obs, act = env_spaces(config["env"], max_episode_steps=config.get("max_episode_steps"),
                           env_kwargs=config.get("env_kwargs") or {})
     set_random_seed(seed)
-    policy = ALGOS["dqn"].policy(obs, act, lambda _: config["learning_rate"], **policy_kwargs(config))
-    return policy.q_net
+    lr = config["learning_rate"] if learning_rate is None else learning_rate
+    kwargs = policy_kwargs(config)
+    if config.get("algo") == "rainbow":  # (what Rainbow's constructor adds to its policy's arguments)
+        from agents.rl.rainbow import NETWORK_SETTINGS, policy_settings
+
+        kwargs.update(policy_settings(**{k: config[k] for k in NETWORK_SETTINGS}))
+    return ALGOS[config.get("algo", "dqn")].policy(obs, act, lambda _: lr, **kwargs)
+
+
+def member_q_net(config: Mapping[str, Any], seed: int) -> nn.Module:
+    """The Q-network ``agents.train ALGO`` builds for ``config`` with ``seed`` (same modules, same initial weights)."""
+    return member_policy(config, seed).q_net

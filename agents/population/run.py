@@ -59,10 +59,10 @@ from . import memory, timing
 __all__ = ["member_configs", "member_dirs", "train_population", "run_population", "POPULATION"]
 
 
-def member_configs(values: Mapping[str, Any], members: Sequence[Member]) -> list[dict[str, Any]]:
-    """Each member's resolved ``dqn`` config (``values`` plus the member's fields, :data:`MEMBER_KEYS`, but those
+def member_configs(values: Mapping[str, Any], members: Sequence[Member], algo: str = "dqn") -> list[dict[str, Any]]:
+    """Each member's resolved ``algo`` config (``values`` plus the member's fields, :data:`MEMBER_KEYS`, but those
     it leaves None)."""
-    return [resolve("dqn", {**values, **{k: v for k, v in zip(MEMBER_KEYS, astuple(m)) if v is not None}})
+    return [resolve(algo, {**values, **{k: v for k, v in zip(MEMBER_KEYS, astuple(m)) if v is not None}})
             for m in members]
 
 
@@ -149,8 +149,8 @@ MEMBER_FILES = ("q_net.pt", "model.zip", CHECKPOINT, REPLAY_DIR)
 
 
 def member_dirs(configs: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
-    """Each member's run folder under ``out`` (the one ``agents.train dqn`` would write its run to)."""
-    command = get_command("dqn")
+    """Each member's run folder under ``out`` (the one ``agents.train ALGO`` would write its run to)."""
+    command = get_command(configs[0].get("algo", "dqn"))
     return [command.run_dir(c, Path(out)) for c in configs]
 
 
@@ -377,18 +377,19 @@ def _engine(config: Mapping[str, Any], members: Sequence[Member], implementation
 
 def run_population(values: Mapping[str, Any], members: Sequence[Member], out: str | Path,
                    implementation: str = "auto", device: str = "cpu", resume: bool = False,
-                   checkpoint_every: int | None = None) -> list[dict[str, Any]]:
+                   checkpoint_every: int | None = None, algo: str = "dqn") -> list[dict[str, Any]]:
     """Train ``members`` on the config of ``values`` (flag values, as ``resolve`` takes them) into their run folders
     under ``out``, each locked meanwhile (:class:`agents.errors.RunFolderBusy` if another process writes into one);
     their summaries (:func:`train_population`)."""
-    configs = member_configs(values, members)
+    configs = member_configs(values, members, algo)
     with open_runs(member_dirs(configs, out), configs, resume=resume) as runs:
         return train_population(runs, members, out, implementation, device, checkpoint_every)
 
 
 class DQNPopulation:
-    """The population engine as ``agents.train dqn``'s :class:`agents.commands.Population`: runs whose configs differ
-    only in :data:`MEMBER_KEYS` train together (``--seeds``, grids with ``engine: population``)."""
+    """The population engine as ``agents.train dqn``'s and ``agents.train rainbow``'s (Rainbow: Atari ids on
+    ale-vector) :class:`agents.commands.Population`: runs whose configs differ only in :data:`MEMBER_KEYS` train
+    together (``--seeds``, grids with ``engine: population``)."""
 
     member_keys = MEMBER_KEYS
 
@@ -396,7 +397,7 @@ class DQNPopulation:
         shared = [{k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} for c in configs]
         if any(s != shared[0] for s in shared[1:]):
             return f"population members may differ in {', '.join(MEMBER_KEYS)} only"
-        if is_atari(configs[0]["env"]):
+        if is_atari(configs[0]["env"]) or configs[0].get("algo") == "rainbow":
             return atari_refusal(configs[0], _device(configs[0]))
         if _implementation(configs[0]) in DEVICE_MODES:
             return device_refusal(configs[0], _device(configs[0]))

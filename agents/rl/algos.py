@@ -131,6 +131,7 @@ RAINBOW = RLAlgo(
     probe_context=rainbow_context,
     network=_rainbow_network,
     check=_rainbow_check,
+    population="agents.population.run:POPULATION",
 )
 
 PPO_ALGO = RLAlgo(

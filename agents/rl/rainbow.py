@@ -54,7 +54,7 @@ from .dqn import PaperDQN
 from .frame_buffer import FrameReplayBuffer
 from .policies import _spec, act_blocks, cnn_flat_features, reapply_spread_bias
 
-__all__ = ["Rainbow", "RainbowPolicy", "RainbowQNetwork", "SumTree", "Prioritized", "PrioritizedReplayBuffer",
+__all__ = ["Rainbow", "RainbowPolicy", "policy_settings", "NETWORK_SETTINGS", "RainbowQNetwork", "SumTree", "Prioritized", "PrioritizedReplayBuffer",
            "PrioritizedFrameReplayBuffer", "project",
            "NatureConv", "rainbow_context", "PROBE_NOISE"]
 
@@ -166,12 +166,14 @@ class Prioritized:
     def _dropped(self, rows: np.ndarray) -> None:
         self.tree.update(rows, np.zeros(len(rows)))
 
-    def sample_prioritized(self, batch_size: int, beta: float, env: Any = None
+    def sample_prioritized(self, batch_size: int, beta: float, env: Any = None,
+                           rng: np.random.RandomState | np.random.Generator | None = None
                            ) -> tuple[ReplayBufferSamples, np.ndarray, np.ndarray]:
-        """``(samples, slots, weights)``: slots drawn by priority, ``weights = (N P(i))^-beta / max_j (N P(j))^-beta``
-        over the whole buffer (the largest weight belongs to the smallest priority), shape ``(batch,)``."""
+        """``(samples, slots, weights)``: slots drawn by priority with ``rng`` (default numpy's global generator, as
+        SB3's buffers draw), ``weights = (N P(i))^-beta / max_j (N P(j))^-beta`` over the whole buffer (the largest
+        weight belongs to the smallest priority), shape ``(batch,)``."""
         n = self.size()
-        slots = self.tree.sample(batch_size, np.random)
+        slots = self.tree.sample(batch_size, np.random if rng is None else rng)
         total = self.tree.total
         probs = self.tree[slots] / total
         weights = (n * probs) ** (-beta) / (n * self.tree.min() / total) ** (-beta)
@@ -318,6 +320,17 @@ class RainbowPolicy(DQNPolicy):
 # --- the algorithm --------------------------------------------------------------------------------------
 
 
+#: the Rainbow settings that shape its network (:func:`policy_settings`)
+NETWORK_SETTINGS = ("noisy", "noisy_std", "dueling", "distributional", "n_atoms", "v_min", "v_max")
+
+
+def policy_settings(*, noisy: bool, noisy_std: float, dueling: bool, distributional: bool, n_atoms: int,
+                    v_min: float, v_max: float) -> dict[str, Any]:
+    """The :class:`RainbowPolicy` arguments of Rainbow's settings (one atom when not distributional)."""
+    return {"noisy": noisy, "noisy_std": noisy_std, "dueling": dueling, "n_atoms": n_atoms if distributional else 1,
+            "v_min": v_min, "v_max": v_max}
+
+
 class Batch(NamedTuple):
     """What a per-sample loss needs: observations, actions (B,), and the (projected) targets."""
 
@@ -343,8 +356,9 @@ class Rainbow(PaperDQN):
             raise ValueError(f"probe_noise must be one of {PROBE_NOISE}, got {probe_noise!r}")
         self.noisy, self.distributional, self.double_q, self.prioritized = noisy, distributional, double_q, prioritized
         self.per_beta0, self.per_beta_steps, self.probe_noise = float(per_beta0), int(per_beta_steps), probe_noise
-        policy_kwargs = {**(policy_kwargs or {}), "noisy": noisy, "noisy_std": noisy_std, "dueling": dueling,
-                         "n_atoms": n_atoms if distributional else 1, "v_min": v_min, "v_max": v_max}
+        policy_kwargs = {**(policy_kwargs or {}), **policy_settings(noisy=noisy, noisy_std=noisy_std, dueling=dueling,
+                                                                     distributional=distributional, n_atoms=n_atoms,
+                                                                     v_min=v_min, v_max=v_max)}
         if prioritized:
             if kwargs.get("replay_buffer_class") is not None:
                 raise ValueError("prioritized=True brings its own replay buffer; set prioritized=False to pass one")
