@@ -11,14 +11,21 @@ Runs (DQN or Rainbow on ALE ids, finished) are grouped by algorithm, game, activ
 * the gradient covariance figure as the paper's (Amidar in the paper): the activations side by side in columns, one
   row per recorded point (0.2M, 6.2M, 12.2M steps at full length), one seed (the lowest) per activation;
 * a table: last evaluation (mean ± SE over seeds), seeds, env steps, env steps/s (``summary.json``).
+
+Per algorithm and activation, over games and seeds: the human-normalised score of each run's last evaluation,
+``(R - random) / (human - random)`` (:data:`SCORES`, ``reports/reference/atari_scores.json``), aggregated as the
+paper's summary figure aggregates it: IQM and mean with 95% stratified-bootstrap CIs (rliable). Games without
+reference scores are left out of it, and a game with fewer seeds than the others cuts every game to its seeds.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +40,8 @@ from .plots import activation_color, gradcov_heatmaps, mean_curves, save
 __all__ = ["Group", "groups", "eval_curve", "main"]
 
 ALGOS = ("dqn", "rainbow")
+#: random and human scores per game (``reports/reference/atari_scores.json``): ``{game: {"random": r, "human": h}}``
+SCORES = json.loads((Path(__file__).parent / "reference" / "atari_scores.json").read_text())["games"]
 
 
 def _is_atari(env: str) -> bool:
@@ -80,6 +89,41 @@ def eval_curve(runs: Sequence[Run]) -> Curve | None:
     if not common:
         return None
     return Curve(steps=np.array(common, dtype=float), values=np.array([[r[s] for s in common] for r in per_run]))
+
+
+def _last_eval(run: Run) -> float | None:
+    """The mean return of a run's last evaluation, or None if it has none."""
+    steps, values = run.scalars.get("eval_return", (np.array([]), np.array([])))
+    return float(values[steps == steps.max()].mean()) if len(steps) else None
+
+
+def human_normalised(found: Sequence[Group]) -> tuple[list[list[str]], list[str]]:
+    """Rows ``[agent, activation, games, seeds, IQM [CI], mean [CI]]`` of human-normalised last evaluations per
+    algorithm and activation (rliable's IQM and mean over games x seeds, 95% stratified-bootstrap CIs), and notes on
+    what was left out."""
+    from .classic.scores import aggregates
+
+    by: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(dict)
+    notes = []
+    for g in found:
+        game = g.env.removeprefix("ALE/").split("-v")[0].removesuffix("NoFrameskip")
+        if game not in SCORES:
+            notes.append(f"{g.env}: no human and random scores, left out of the human-normalised aggregate")
+            continue
+        ref = SCORES[game]
+        finals = [(v - ref["random"]) / (ref["human"] - ref["random"]) for r in sorted(g.runs, key=lambda r: r.seed)
+                  if (v := _last_eval(r)) is not None]
+        if finals:
+            by[(g.algo, g.act)][game] = finals
+    rows = []
+    for (algo, act), games in sorted(by.items()):
+        n = min(len(v) for v in games.values())
+        matrix = np.array([v[:n] for v in games.values()]).T  # (seeds, games)
+        agg = aggregates({0: {act: matrix}})[0]
+        rows.append(["DQN" if algo == "dqn" else "Rainbow", act, str(len(games)), str(n),
+                     f"{agg.iqm:.3f} [{agg.iqm_ci[0]:.3f}, {agg.iqm_ci[1]:.3f}]",
+                     f"{agg.mean:.3f} [{agg.mean_ci[0]:.3f}, {agg.mean_ci[1]:.3f}]"])
+    return rows, list(dict.fromkeys(notes))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,10 +175,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 .append((f"{agent} on {env}: C_ij of 32 replay samples ({loss} loss)", f"{slug}_gradcov.png"))
     table = Table("Last evaluation (mean over its episodes, then mean ± SE over seeds)",
                   ["agent", "game", "activation", "last evaluation", "seeds", "steps per run", "env steps/s"], rows)
+    normalised, left_out = human_normalised(found)
+    tables = [table]
+    if normalised:
+        tables.append(Table("Human-normalised last evaluation over games and seeds (IQM and mean, 95% CIs)",
+                            ["agent", "activation", "games", "seeds per game", "IQM", "mean"], normalised))
     notes = ["Evaluation: greedy episodes (epsilon 0; Rainbow's noisy layers at their mean weights) on an env without "
              "episodic life or reward clipping, every eval_every steps (the authors': 5 episodes every 100k steps). "
-             "Training returns: whole games from the Monitor under the Atari wrappers (unclipped)."]
-    return publish_study(out, "Atari: DQN and Rainbow", [table], dict(sections), notes, rows)
+             "Training returns: whole games from the Monitor under the Atari wrappers (unclipped).",
+             "Human-normalised: (R - random) / (human - random) with the Atari-57 random and human scores of DQN Zoo "
+             "and rliable (reports/reference/atari_scores.json); IQM and mean by rliable.", *left_out]
+    return publish_study(out, "Atari: DQN and Rainbow", tables, dict(sections), notes, rows)
 
 
 if __name__ == "__main__":

@@ -354,3 +354,25 @@ def test_labels_name_only_differing_settings(groups):
     assert data.config_key(executed[0].config) == data.config_key(executed[1].config)
     only_derived = [dataclasses.replace(run, config=c) for c in (elephant, configs[3] | {"n_timesteps": 2000})]
     assert list(data.group_by_config(only_derived)) == ["algo=dqn act=elephant", "algo=dqn act=elephant #2"]
+
+
+def test_atari_human_normalised_scores_are_the_last_evaluations_against_random_and_human():
+    """(R - random) / (human - random) of each run's last evaluation (mean over its episodes), aggregated per
+    algorithm and activation over games x seeds by rliable; a game without reference scores is left out, named."""
+    from types import SimpleNamespace
+
+    from reports.atari import SCORES, human_normalised
+
+    def run(seed, last):
+        return SimpleNamespace(seed=seed, scalars={"eval_return": (np.array([10, 20, 20]), np.array([0.0, last, last]))})
+
+    amidar, pong = SCORES["Amidar"], SCORES["Pong"]
+    groups = [SimpleNamespace(algo="dqn", act="elephant", env="ALE/Amidar-v5",
+                              runs=[run(1, amidar["human"]), run(0, amidar["random"])]),
+              SimpleNamespace(algo="dqn", act="elephant", env="ALE/Pong-v5", runs=[run(0, pong["human"]), run(1, 0.0)]),
+              SimpleNamespace(algo="dqn", act="elephant", env="ALE/Tetris-v5", runs=[run(0, 1.0)])]
+    rows, notes = human_normalised(groups)
+    assert len(rows) == 1 and rows[0][:4] == ["DQN", "elephant", "2", "2"]
+    scores = [0.0, 1.0, 1.0, (0.0 - pong["random"]) / (pong["human"] - pong["random"])]
+    assert rows[0][5].startswith(f"{np.mean(scores):.3f} [")
+    assert notes == ["ALE/Tetris-v5: no human and random scores, left out of the human-normalised aggregate"]
