@@ -178,6 +178,38 @@ def test_checkpoint_chunks_round_trip(breakout, tmp_path):
         copy.load_frames(tmp_path, chunks)
 
 
+def test_a_chunk_of_a_killed_attempt_does_not_overwrite_live_frames(breakout, tmp_path):
+    """An attempt resumed from a checkpoint, killed after writing a chunk but before its checkpoint landed, leaves a
+    chunk reaching past the checkpoint's frames. The next attempt, resumed from the same checkpoint, checkpoints at
+    fewer frames (a stop signal, another interval): its listing skips chunks that begin past its frames, and loading
+    clips the stale chunk to its frames, so the ring's wrapped slots keep their live frames."""
+    transitions = breakout["transitions"]
+    buf = FrameReplayBuffer(150, breakout["space"], breakout["actions"], n_steps=3, device="cpu")
+    for t in transitions[:200]:
+        buf.add(*t)
+    buf.save_frames(tmp_path)
+    with buf.frames_in_chunks():
+        checkpoint = pickle.dumps(buf)
+    killed = pickle.loads(checkpoint)
+    killed.load_frames(tmp_path, killed.save_frames(tmp_path))
+    for t in transitions[200:320]:  # (less than a ring: its chunk begins where the checkpoint ends)
+        killed.add(*t)
+    killed.save_frames(tmp_path)  # ... and its checkpoint never landed
+    resumed = pickle.loads(checkpoint)
+    resumed.load_frames(tmp_path, resumed.save_frames(tmp_path))
+    for t in transitions[200:260]:
+        resumed.add(*t)
+    chunks = resumed.save_frames(tmp_path)
+    with resumed.frames_in_chunks():
+        again = pickle.loads(pickle.dumps(resumed))
+    again.load_frames(tmp_path, chunks)
+    uninterrupted = FrameReplayBuffer(150, breakout["space"], breakout["actions"], n_steps=3, device="cpu")
+    for t in transitions[:260]:
+        uninterrupted.add(*t)
+    for buf in (resumed, again):
+        samples_equal(buf, uninterrupted, np.arange(uninterrupted.size()))
+
+
 # --- generated streams: every continuation case, short episodes, evictions --------------------------------------
 
 K = 3  # frames per stack; frames 1x2x2 with values 0..3 (many all-zero frames)

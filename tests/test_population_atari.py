@@ -174,7 +174,9 @@ def test_settings_the_atari_population_cannot_run_are_refused_in_one_line():
     assert atari_refusal(ok) is None
     for change, word in (({"atari_env": "sb3"}, "ale-vector"), ({"env": "CartPole-v1"}, "Atari ids"),
                          ({"optimizer": "rmsprop"}, "optimizer"), ({"td_loss": "huber"}, "td_loss"),
-                         ({"optimizer_kwargs": {"amsgrad": True}}, "amsgrad")):
+                         ({"optimizer_kwargs": {"amsgrad": True}}, "amsgrad"),
+                         ({"learning_starts": 0}, "learning_starts >= 1"),
+                         ({"n_timesteps": 405}, "multiple of train_freq")):
         why = atari_refusal({**ok, **change})
         assert why is not None and word in why and "\n" not in why, (change, why)
     with pytest.raises(ValueError, match="ale-vector"):
@@ -261,3 +263,17 @@ def test_rainbow_members_are_the_single_runs_of_their_seeds_bit_for_bit(act):
         assert [(r, n) for _, r, n in pop.episodes[m]] == games and len(games) >= 2
     again = pickle.loads(pickle.dumps(pop))  # (the members' torch streams travel as states)
     assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(pop.noise, again.noise))
+
+
+def test_the_population_engine_setting_picks_the_exact_loop_or_is_refused(tmp_path):
+    """``population_engine: exact`` is ``loop`` (a member is its single run on any device); the classic tasks'
+    device step is refused in one line; a population without probes writes its members' run folders."""
+    from agents.population.run import POPULATION, _implementation, run_population
+
+    config = resolve("dqn", SETTINGS)
+    assert _implementation({**config, "population_engine": "exact"}) == "loop"
+    assert _implementation(config) == "auto"
+    why = POPULATION.refusal([resolve("dqn", {**SETTINGS, "set": ["population_engine=device"]})])
+    assert why is not None and "Atari populations take auto or exact" in why and "\n" not in why
+    summaries = run_population({**SETTINGS, "n_timesteps": 100}, MEMBERS[:1], tmp_path)
+    assert summaries[0]["status"] == "finished" and summaries[0]["engine"] == "population:loop"

@@ -12,8 +12,7 @@ SB3's loop order per env step (act, env step, store with the terminal observatio
 ``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
 
 Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``QNetwork`` and ``torch.optim.Adam``,
-the very kernels of SB3's DQN (a member equals a single run bit for bit with the single run's draws injected:
-tests/test_population_atari.py); ``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the
+the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py); ``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the
 network per step and per update (convolutions batched over members as grouped convolutions) and one Adam step on
 the stacked tensors; ``"auto"`` is ``"loop"`` on a CPU (compute-bound: oneDNN's grouped convolutions and their
 backward are slower than one convolution per member, 194 against 104 ms per update of 4 members on one thread) and
@@ -82,6 +81,11 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation
              if config.get(k, ok) != ok}
     if not rainbow and config.get("max_grad_norm") is not None:
         wrong["max_grad_norm"] = config["max_grad_norm"]
+    if int(config.get("learning_starts", 0)) < 1:  # (SB3's first action is then greedy at exploration_rate 0)
+        return f"the Atari population needs learning_starts >= 1, got {config.get('learning_starts')}"
+    if int(config["n_timesteps"]) % int(config.get("train_freq", 1)):
+        return (f"n_timesteps ({config['n_timesteps']}) must be a multiple of train_freq ({config.get('train_freq')}): "
+                "a single run trains on to the next multiple")
     if wrong or config.get("exploration_steps") is None:
         return ("the Atari population runs the authors' DQN and Rainbow: Adam, frame replay, one update per "
                 "train_freq steps, one env per member, a constant learning rate, an exploration_steps schedule, "
@@ -91,6 +95,16 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
     return None
+
+
+def _noise_generator(device: torch.device, seed: int) -> torch.Generator:
+    """Where a single run's noise comes from when it starts training, as a generator of its own: on a CPU torch's
+    global generator as the run's set-up left it (seeded, then the networks initialised; call right after building
+    the member's policy), on a GPU the device's generator as ``set_random_seed(seed)`` seeded it (SB3 initialises
+    the networks on the CPU, so nothing has drawn from it)."""
+    if device.type == "cuda":
+        return torch.Generator(device=device).manual_seed(int(seed))
+    return torch.Generator().set_state(torch.get_rng_state())
 
 
 class SingleRunDraws:
@@ -142,10 +156,10 @@ def _adam(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[
 
 
 class AtariPopulation:
-    """The members of ``members`` on ``config`` (a resolved ``dqn`` config of an Atari id with ``atari_env:
-    ale-vector``; its seed, learning rate, buffer size and epsilon schedule are the members').
+    """The members of ``members`` on ``config`` (a resolved ``dqn`` or ``rainbow`` config of an Atari id with
+    ``atari_env: ale-vector``; its seed, learning rate, buffer size and epsilon schedule are the members').
 
-    ``nets``: initial Q-networks per member (default :func:`member_q_net`; float64 ones for the twin tests);
+    ``nets``: initial Q-networks per member (DQN; default :func:`member_q_net`; float64 ones for the twin tests);
     ``draws``: the members' randomness (default :class:`SingleRunDraws`); ``num_threads``: the vector env's C++ threads
     (0: one per game, at most the machine's cores).
     """
@@ -166,10 +180,12 @@ class AtariPopulation:
             implementation = "vmap" if self.device.type == "cuda" and not self.rainbow else "loop"
         self.implementation = implementation
         if self.rainbow:  # each member's policy as its single run builds it; its noise from the run's torch stream
+            if nets is not None:
+                raise ValueError("a Rainbow population builds its members' policies itself; nets= is for DQN")
             policies, self.noise = [], []
             for m in members:
                 policies.append(member_policy(config, m.seed, m.learning_rate).to(self.device))
-                self.noise.append(torch.Generator().set_state(torch.get_rng_state()))
+                self.noise.append(_noise_generator(self.device, m.seed))
             nets = [p.q_net for p in policies]
         nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
         self.nets = [n.to(self.device) for n in nets]
@@ -178,8 +194,10 @@ class AtariPopulation:
         opt = dict(config.get("optimizer_kwargs") or {})
         self.betas, self.adam_eps = tuple(opt.get("betas", (0.9, 0.999))), float(opt.get("eps", 1e-8))
         if self.rainbow:
+            self.base = self.nets[0]
             self.targets, self.optimizers = [p.q_net_target for p in policies], [p.optimizer for p in policies]
         elif self.implementation == "loop":  # each member's module, target and optimiser, as SB3 holds them
+            self.base = self.nets[0]  # (what a run log's example context shows where there are no probes)
             self.targets = [copy.deepcopy(n) for n in self.nets]
             for t in self.targets:
                 t.train(False)
@@ -228,7 +246,7 @@ class AtariPopulation:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "noise" in state:
-            state["noise"] = [torch.Generator().set_state(g) for g in state["noise"]]
+            state["noise"] = [torch.Generator(device=state["device"]).set_state(g) for g in state["noise"]]
         self.__dict__.update(state)
 
     # --- network ----------------------------------------------------------------------------------------
@@ -236,9 +254,9 @@ class AtariPopulation:
     def q_values(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
         """``(P, B, actions)`` Q-values of ``obs`` ``(P, B, 4, 84, 84)`` (uint8 or float), member ``m`` on its own
         network (``params``: stacked parameters, default the online ones; "vmap" only)."""
-        x = obs.to(self.dtype)
         if self.rainbow:  # (its forward casts observations as SB3's preprocessing does)
             return torch.stack([net(obs[m]) for m, net in enumerate(self.nets)])
+        x = obs.to(self.dtype)
         if self.implementation == "loop":
             nets = self.nets if params is None else params
             return torch.stack([net.q_net(net.features_extractor(x[m])) for m, net in enumerate(nets)])

@@ -249,7 +249,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     # the last (probes.sb3.ProbeCallback's cadence; updates every train_freq steps past learning_starts)
     loss_every, train_freq = max(1, steps // 100), int(configs[0].get("train_freq", 1))
     first_update = (int(configs[0]["learning_starts"]) // train_freq + 1) * train_freq
-    eval_every, eval_episodes = configs[0].get("eval_every"), int(configs[0].get("eval_episodes") or 5)
+    eval_every, eval_episodes = configs[0].get("eval_every"), int(configs[0].get("eval_episodes", 5))
     start = time.perf_counter() - (state["wall"] if state else 0.0)
     stop: list[int] = []  # the stop signal, once one came: the population stops after the step it is in
     on_device = isinstance(pop, DevicePopulation)
@@ -398,7 +398,10 @@ class DQNPopulation:
         if any(s != shared[0] for s in shared[1:]):
             return f"population members may differ in {', '.join(MEMBER_KEYS)} only"
         if is_atari(configs[0]["env"]) or configs[0].get("algo") == "rainbow":
-            return atari_refusal(configs[0], _device(configs[0]))
+            if _implementation(configs[0]) in DEVICE_MODES:
+                return (f"population_engine: {configs[0]['population_engine']} is the classic tasks' device step; "
+                        "Atari populations take auto or exact")
+            return atari_refusal(configs[0], _device(configs[0]), _implementation(configs[0]))
         if _implementation(configs[0]) in DEVICE_MODES:
             return device_refusal(configs[0], _device(configs[0]))
         return config_refusal(configs[0], _device(configs[0]))
@@ -433,7 +436,9 @@ class DQNPopulation:
 
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """The population's estimated memory and device, for a grid's plan."""
-        return f"{memory.population_bytes(configs) / 2**30:.2f} GiB on {_device(configs[0])}"
+        host = self.host_bytes(configs) if torch.device(_device(configs[0])).type == "cuda" else None
+        return f"{self.memory_bytes(configs) / 2**30:.2f} GiB on {_device(configs[0])}" + \
+            (f" and {host / 2**30:.2f} GiB of host memory" if host else "")
 
     def seconds(self, configs: Sequence[Mapping[str, Any]]) -> float | None:
         """Estimated seconds of the population's training, its step timed here (:mod:`agents.population.timing`);
@@ -448,8 +453,11 @@ class DQNPopulation:
 def _implementation(config: Mapping[str, Any]) -> str:
     """The implementation the config's ``population_engine`` names: the device step's modes as they are; ``exact``
     and ``auto`` (unset), the population engine's own ``auto`` (the same engine on every device: the device step
-    draws differently, so it is only taken where the config names it, and its runs are named by it)."""
+    draws differently, so it is only taken where the config names it, and its runs are named by it); for Atari,
+    ``exact`` is ``loop``, where a member is its single run bit for bit on any device."""
     engine = config.get("population_engine", "auto")
+    if engine == "exact" and is_atari(str(config.get("env"))):
+        return "loop"
     return engine if engine in DEVICE_MODES else "auto"
 
 

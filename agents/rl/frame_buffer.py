@@ -324,7 +324,7 @@ class FrameReplayBuffer(BaseBuffer):
                 os.fsync(f.fileno())
             os.replace(tmp, folder / name)
             self._saved_upto = self.frames_written
-        return [n for n, (lo, hi) in _chunks(folder) if hi > alive_from]
+        return [n for n, (lo, hi) in _chunks(folder) if hi > alive_from and lo < self.frames_written]
 
     def load_frames(self, folder: str | os.PathLike, chunks: Sequence[str]) -> None:
         """Rebuild the frame ring from the chunk files ``chunks`` in ``folder`` (after unpickling)."""
@@ -341,10 +341,11 @@ class FrameReplayBuffer(BaseBuffer):
                 raise OSError(f"{path}: cannot read this replay chunk ({err})") from err
             if data.shape != (hi - lo, *self.frame_shape):
                 raise OSError(f"{path}: holds {data.shape}, expected {(hi - lo, *self.frame_shape)}")
-            lo_alive = max(lo, alive_from)
-            if lo_alive > covered:
+            lo_alive, hi = max(lo, alive_from), min(hi, self.frames_written)  # (a chunk of a killed attempt may
+            if lo_alive > covered:  # reach past this buffer's frames: those slots hold live frames)
                 break
-            self.frames[np.arange(lo_alive, hi) % self.n_frames] = data[lo_alive - lo:]
+            if hi > lo_alive:
+                self.frames[np.arange(lo_alive, hi) % self.n_frames] = data[lo_alive - lo:hi - lo]
             covered = max(covered, hi)
         if covered < self.frames_written:
             raise OSError(f"{folder}: the replay chunks cover frames up to {covered}, the buffer needs "
