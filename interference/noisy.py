@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from .rules import Factor, register_rule
 
-__all__ = ["NoisyLinear", "noisy_layers", "resample_noise", "set_noise"]
+__all__ = ["NoisyLinear", "noisy_layers", "resample_noise", "set_noise", "factorised_noise"]
 
 
 def _scaled(e: Tensor) -> Tensor:
@@ -64,8 +64,9 @@ class NoisyLinear(nn.Module):
     def resample(self, generator: torch.Generator | None = None) -> None:
         """Draw new factorised noise (from ``generator``, else torch's global RNG)."""
         with torch.no_grad():
-            self.eps_in.copy_(_scaled(torch.randn(self.in_features, generator=generator, device=self.eps_in.device)))
-            self.eps_out.copy_(_scaled(torch.randn(self.out_features, generator=generator, device=self.eps_out.device)))
+            eps_in, eps_out = factorised_noise(self.in_features, self.out_features, generator, self.eps_in.device)
+            self.eps_in.copy_(eps_in)
+            self.eps_out.copy_(eps_out)
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.noise:
@@ -75,6 +76,14 @@ class NoisyLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, std_init={self.std_init}"
+
+
+def factorised_noise(in_features: int, out_features: int, generator: torch.Generator | None = None,
+                     device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """A noisy layer's new ``(eps_in, eps_out)`` ``(in,), (out,)`` (float32, through ``f``), drawn in this order from
+    ``generator`` (else torch's global RNG): what :meth:`NoisyLinear.resample` draws."""
+    eps_in = _scaled(torch.randn(in_features, generator=generator, device=device))
+    return eps_in, _scaled(torch.randn(out_features, generator=generator, device=device))
 
 
 def noisy_layers(module: nn.Module) -> Iterator[NoisyLinear]:

@@ -19,10 +19,11 @@ backward are slower than one convolution per member, 194 against 104 ms per upda
 ``"vmap"`` on a GPU (one kernel per layer for all members). The two agree to float rounding (float64: 1e-10 after
 an update).
 
-Rainbow members (a ``rainbow`` config; :mod:`agents.population.atari_rainbow`) run ``"loop"`` only: each its own
-policy as its single run builds it, prioritized frame replay, and noise drawn from its own torch generator, set to
-where the single run's global torch stream stands when it starts training; every component of
-``agents.rl.rainbow.Rainbow`` (noisy nets, C51, PER, n-step returns, dueling, double Q) through Rainbow's own methods.
+Rainbow members (a ``rainbow`` config; :mod:`agents.population.atari_rainbow`): each its own policy as its single
+run builds it, prioritized frame replay, and noise drawn from its own torch generator, set to where the single run's
+global torch stream stands when it starts training; every component of ``agents.rl.rainbow.Rainbow`` (noisy nets,
+C51, PER, n-step returns, dueling, double Q): ``"loop"`` through Rainbow's own methods on each member's networks,
+``"vmap"`` on the stacked networks (the noise in stacked buffers, C51's projection over members x samples).
 
 Randomness is per member and is the single run's (:class:`SingleRunDraws`): a member draws its exploration coins,
 random actions and replay indices from the very streams ``agents.train dqn`` draws them from for its seed (numpy's
@@ -66,8 +67,6 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation
     """Why the Atari population cannot train runs of the resolved dqn or rainbow ``config`` exactly as
     ``agents.train ALGO`` would, or None if it can."""
     rainbow = config.get("algo") == "rainbow"
-    if rainbow and implementation not in ("auto", "loop"):
-        return f"Rainbow populations run implementation 'loop' (each member's own networks), not {implementation!r}"
     if not is_atari(str(config.get("env"))):
         return f"the Atari population runs Atari ids (ALE/...-v5), not {config.get('env')!r}"
     if config.get("atari_env") != "ale-vector":
@@ -90,7 +89,7 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation
         return ("the Atari population runs the authors' DQN and Rainbow: Adam, frame replay, one update per "
                 "train_freq steps, one env per member, a constant learning rate, an exploration_steps schedule, "
                 f"DQN's MSE TD loss without clipping; got {wrong or 'exploration_steps unset'}")
-    if not rainbow and set(config.get("optimizer_kwargs") or {}) - {"betas", "eps"}:
+    if set(config.get("optimizer_kwargs") or {}) - {"betas", "eps", *(("fused", "foreach") if rainbow else ())}:
         return f"the Atari population's Adam takes betas and eps, not {sorted(config['optimizer_kwargs'])}"
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
@@ -160,13 +159,14 @@ class AtariPopulation:
     ``atari_env: ale-vector``; its seed, learning rate, buffer size and epsilon schedule are the members').
 
     ``nets``: initial Q-networks per member (DQN; default :func:`member_q_net`; float64 ones for the twin tests);
-    ``draws``: the members' randomness (default :class:`SingleRunDraws`); ``num_threads``: the vector env's C++ threads
+    ``draws``: the members' randomness (default :class:`SingleRunDraws`); ``dtype``: the Rainbow networks' (float64
+    for the twin tests; default float32); ``num_threads``: the vector env's C++ threads
     (0: one per game, at most the machine's cores).
     """
 
     def __init__(self, config: Mapping[str, Any], members: Sequence[Member], *, device: str = "cpu",
                  nets: Sequence[nn.Module] | None = None, draws: Any = None, implementation: str = "auto",
-                 num_threads: int = 0) -> None:
+                 num_threads: int = 0, dtype: torch.dtype | None = None) -> None:
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         if not members:
@@ -177,14 +177,14 @@ class AtariPopulation:
         self.P = len(members)
         self.rainbow = config.get("algo") == "rainbow"
         if implementation == "auto":
-            implementation = "vmap" if self.device.type == "cuda" and not self.rainbow else "loop"
+            implementation = "vmap" if self.device.type == "cuda" else "loop"
         self.implementation = implementation
         if self.rainbow:  # each member's policy as its single run builds it; its noise from the run's torch stream
             if nets is not None:
                 raise ValueError("a Rainbow population builds its members' policies itself; nets= is for DQN")
             policies, self.noise = [], []
             for m in members:
-                policies.append(member_policy(config, m.seed, m.learning_rate).to(self.device))
+                policies.append(member_policy(config, m.seed, m.learning_rate).to(self.device, dtype))
                 self.noise.append(_noise_generator(self.device, m.seed))
             nets = [p.q_net for p in policies]
         nets = list(nets) if nets is not None else [member_q_net(config, m.seed) for m in members]
@@ -193,7 +193,10 @@ class AtariPopulation:
         self.lr = torch.tensor([m.learning_rate for m in members], dtype=self.dtype, device=self.device)
         opt = dict(config.get("optimizer_kwargs") or {})
         self.betas, self.adam_eps = tuple(opt.get("betas", (0.9, 0.999))), float(opt.get("eps", 1e-8))
-        if self.rainbow:
+        if self.rainbow and self.implementation == "vmap":
+            self.base, self.stacked = self.nets[0], rainbow.Stacked(policies, self.device)
+            self.nets = []  # (the stacked tensors are the members' networks now)
+        elif self.rainbow:
             self.base = self.nets[0]
             self.targets, self.optimizers = [p.q_net_target for p in policies], [p.optimizer for p in policies]
         elif self.implementation == "loop":  # each member's module, target and optimiser, as SB3 holds them
@@ -254,6 +257,8 @@ class AtariPopulation:
     def q_values(self, obs: Tensor, params: Mapping[str, Tensor] | None = None) -> Tensor:
         """``(P, B, actions)`` Q-values of ``obs`` ``(P, B, 4, 84, 84)`` (uint8 or float), member ``m`` on its own
         network (``params``: stacked parameters, default the online ones; "vmap" only)."""
+        if self.rainbow and self.implementation == "vmap":
+            return self.stacked(obs, "q")
         if self.rainbow:  # (its forward casts observations as SB3's preprocessing does)
             return torch.stack([net(obs[m]) for m, net in enumerate(self.nets)])
         x = obs.to(self.dtype)
@@ -322,6 +327,8 @@ class AtariPopulation:
                 for net, target in zip(self.nets, self.targets):
                     for p, q in zip(net.parameters(), target.parameters()):
                         q.copy_(p)
+        elif self.rainbow:
+            self.stacked.copy_target()
         else:
             self.target = {k: v.detach().clone() for k, v in self.params.items()}
 
@@ -400,11 +407,15 @@ class AtariPopulation:
 
     def member_state(self, m: int) -> dict[str, Tensor]:
         """Member ``m``'s ``QNetwork`` ``state_dict`` (parameters and persistent buffers, SB3's names)."""
+        if self.rainbow and self.implementation == "vmap":
+            return self.stacked.member_state(m)
         if self.implementation == "loop":
             return {k: v.detach() for k, v in self.nets[m].state_dict().items()}
         return {k: v[m].detach() for k, v in (*self.params.items(), *self.buffers.items())}
 
     def _target_state(self, m: int) -> dict[str, Tensor]:
+        if self.rainbow and self.implementation == "vmap":
+            return self.stacked.member_state(m, "target")
         if self.implementation == "loop":
             return self.targets[m].state_dict()
         return {**{k: v[m] for k, v in self.target.items()}, **{k: v[m] for k, v in self.buffers.items()}}

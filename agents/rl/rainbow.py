@@ -270,7 +270,10 @@ class RainbowQNetwork(BasePolicy):
 
     def logits(self, obs: Tensor) -> Tensor:
         """``(B, actions, atoms)``: the streams combined, ``V + A - mean_a A`` when dueling."""
-        f = self.extract_features(obs, self.features_extractor)
+        return self.head_logits(self.extract_features(obs, self.features_extractor))
+
+    def head_logits(self, f: Tensor) -> Tensor:
+        """:meth:`logits` of the trunk's features ``f`` ``(B, features)``."""
         v = None if self.value is None else self.value(f).view(-1, 1, self.n_atoms)
         a = self.advantage(f).view(-1, self.n_actions, self.n_atoms)  # (last: its head's input are the features)
         return a if v is None else v + a - a.mean(dim=1, keepdim=True)
@@ -280,9 +283,14 @@ class RainbowQNetwork(BasePolicy):
         return F.log_softmax(self.logits(obs), dim=-1)
 
     def forward(self, obs: Tensor) -> Tensor:
+        return self.q_of(self.logits(obs))
+
+    def q_of(self, logits: Tensor) -> Tensor:
+        """Q-values ``(B, actions)`` of :meth:`logits`: the distribution's mean on the support (C51), else the one
+        atom."""
         if self.n_atoms == 1:
-            return self.logits(obs).squeeze(-1)
-        return (self.log_probs(obs).exp() * self.support).sum(-1)
+            return logits.squeeze(-1)
+        return (F.log_softmax(logits, dim=-1).exp() * self.support).sum(-1)
 
     def _predict(self, observation: Tensor, deterministic: bool = True) -> Tensor:
         return self(observation).argmax(dim=1).reshape(-1)
