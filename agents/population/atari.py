@@ -15,7 +15,7 @@ Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``Q
 the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py); ``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the
 network per step and per update (convolutions batched over members as grouped convolutions) and one Adam step on
 the stacked tensors; ``"auto"`` is ``"loop"`` on a CPU (compute-bound: oneDNN's grouped convolutions and their
-backward are slower than one convolution per member, 194 against 104 ms per update of 4 members on one thread) and
+backward are slower than one convolution per member: docs/agents/atari-populations.md, Speed) and
 ``"vmap"`` on a GPU (one kernel per layer for all members). The two agree to float rounding (float64: 1e-10 after
 an update).
 
@@ -276,10 +276,19 @@ class AtariPopulation:
         frac = np.where(self.eps_steps == 0, 1.0, frac)
         return self.eps_initial + frac * (self.eps_final - self.eps_initial)
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Each member's greedy action ``(P,)`` for its observation ``obs`` ``(P, 4, 84, 84)``."""
+    def greedy(self, obs: np.ndarray, members: Sequence[int] | None = None) -> np.ndarray:
+        """Each member's greedy action ``(P,)`` for its observation ``obs`` ``(P, 4, 84, 84)``; with ``members``, one
+        network call for those alone where each member's network is its own (``loop``; the others' actions -1)."""
+        x = torch.as_tensor(obs, device=self.device)[:, None]
         with torch.no_grad():
-            return self.q_values(torch.as_tensor(obs, device=self.device)[:, None]).argmax(-1)[:, 0].cpu().numpy()
+            if members is None or self.implementation != "loop":
+                return self.q_values(x).argmax(-1)[:, 0].cpu().numpy()
+            out = np.full(self.P, -1, dtype=np.int64)
+            for m in members:
+                net = self.nets[m]
+                q = net(x[m]) if self.rainbow else net.q_net(net.features_extractor(x[m].to(self.dtype)))
+                out[m] = int(q.argmax(-1)[0])
+            return out
 
     def _actions(self) -> np.ndarray:
         t = self.num_timesteps
@@ -290,7 +299,8 @@ class AtariPopulation:
             for m in range(self.P):
                 rainbow.set_noise(self, m, "online", resample=True)
         coins = [self.draws.explore(m) < eps[m] for m in range(self.P)]
-        greedy = self.greedy(self.obs)
+        exploit = [m for m in range(self.P) if not coins[m]]  # (SB3 calls the network only for those)
+        greedy = self.greedy(self.obs, exploit) if exploit else None
         return np.array([self.draws.action(m) if coins[m] else greedy[m] for m in range(self.P)])
 
     def step(self, before_store: Callable[[], None] | None = None) -> None:

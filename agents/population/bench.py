@@ -2,7 +2,7 @@
 
     python -m agents.population.bench [--env MountainCar-v0] [--act elephant] [--sizes 1,8,32,64] [--steps 600]
     python -m agents.population.bench --device cuda --sizes 1024,4096,16384 --implementations device,device-compiled
-    python -m agents.population.bench --env ALE/Breakout-v5 [--device cuda]
+    python -m agents.population.bench --env ALE/Breakout-v5 [--algo rainbow] [--device cuda]
 
 
 SB3's DQN (``agents.train dqn``'s model) and populations of P members (seeds 0..P-1, the env's default config)
@@ -21,9 +21,10 @@ cores.
 
 An Atari id benchmarks :class:`agents.population.atari.AtariPopulation` (implementations ``loop`` and ``vmap``;
 default sizes 1, 4, 8) against ``agents.train dqn --set atari_env=ale-vector`` (the authors' Atari DQN, one update
-per 10 env steps, on the same C++ vector env), both with the full 1e6-transition frame buffer per member (allocated,
-filled only as far as the run goes: the memory per member is what a member needs at the paper's scale), and prints
-the device-hours the paper's Atari DQN study (:data:`STUDY_DQN_STEPS`) would take at the best rate measured.
+per 10 env steps, on the same C++ vector env; ``--algo rainbow``: their Rainbow), both with the full
+1e6-transition frame buffer per member (allocated, filled only as far as the run goes: the memory per member is
+what a member needs at the paper's scale), and prints the device-hours the paper's Atari study of that algorithm
+(:data:`STUDY_STEPS`) would take at the best rate measured.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from agents.rl.frame_buffer import FrameReplayBuffer
 from .device import DEVICE_MODES, DevicePopulation
 from .engine import IMPLEMENTATIONS, Member, Population
 
-#: agent-steps of the paper's Atari DQN study: 10 games x 6 activations x 5 seeds x 12.5M env steps
-STUDY_DQN_STEPS = 10 * 6 * 5 * 12_500_000
+#: agent-steps of the paper's Atari study of one algorithm (DQN or Rainbow): 10 games x 6 activations x 5 seeds x
+#: 12.5M env steps
+STUDY_STEPS = 10 * 6 * 5 * 12_500_000
 
 
 def sb3_rate(config: dict, steps: int) -> float:
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="MountainCar-v0")
     parser.add_argument("--act", default="elephant")
+    parser.add_argument("--algo", default="dqn", choices=("dqn", "rainbow"), help="rainbow: Atari ids only")
     parser.add_argument("--sizes", default=None, help="population sizes (default 1,8,32,64; Atari 1,4,8)")
     parser.add_argument("--steps", type=int, default=600, help="timed env steps (per member)")
     parser.add_argument("--implementations", default=None,
@@ -148,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.sizes or ("1,4,8" if atari else "1,8,32,64")
     implementations = args.implementations or ("loop,vmap" if atari else "compiled,batched")
     extra_settings = {"atari_env": "ale-vector", "eval_every": None, "probe": []} if atari else {}
-    config = resolve("dqn", {"env": args.env, "act": args.act, "device": args.device, **extra_settings})
+    if args.algo != "dqn" and not atari:
+        parser.error(f"--algo {args.algo} benchmarks Atari populations: give an ALE id as --env")
+    config = resolve(args.algo, {"env": args.env, "act": args.act, "device": args.device, **extra_settings})
     sb3_config = config if atari else {**config, "device": "cpu"}  # (an Atari run trains fastest on the device)
     before = sb3_rate(sb3_config, args.steps)
-    print(f"SB3 DQN {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
+    agent = "Rainbow" if args.algo == "rainbow" else "SB3 DQN"
+    print(f"{agent} {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
     rows = []
     for impl in implementations.split(","):
         for p in (int(x) for x in sizes.split(",")):
@@ -166,16 +172,17 @@ def main(argv: list[str] | None = None) -> int:
                   + f" (warm-up incl. any compile {warmup:.0f} s)", file=sys.stderr)
     after = sb3_rate(sb3_config, args.steps)  # again: the machine's speed may have drifted meanwhile
     base = (before + after) / 2
-    print(f"SB3 DQN again: {after:,.0f} env steps/s; ratios to their mean, {base:,.0f}:", file=sys.stderr)
+    print(f"{agent} again: {after:,.0f} env steps/s; ratios to their mean, {base:,.0f}:", file=sys.stderr)
     for row in rows:
         row["ratio_to_sb3"] = row["steps_per_second"] / base
         print(f"{row['implementation']:5s} P={row['P']:3d}: {row['ratio_to_sb3']:5.2f}x SB3", file=sys.stderr)
     if atari:
         best = max(rows, key=lambda r: r["steps_per_second"])
-        hours = STUDY_DQN_STEPS / best["steps_per_second"] / 3600
-        print(f"the paper's Atari DQN study ({STUDY_DQN_STEPS:.2e} agent-steps) at the best rate ({best['implementation']}"
+        hours = STUDY_STEPS / best["steps_per_second"] / 3600
+        print(f"the paper's Atari {agent.removeprefix('SB3 ')} study ({STUDY_STEPS:.2e} agent-steps) at the best "
+              f"rate ({best['implementation']}"
               f" P={best['P']}: {best['steps_per_second']:,.0f} agent-steps/s): {hours:,.0f} hours of this machine "
-              f"({args.device}); single runs at {base:,.0f} steps/s: {STUDY_DQN_STEPS / base / 3600:,.0f} hours",
+              f"({args.device}); single runs at {base:,.0f} steps/s: {STUDY_STEPS / base / 3600:,.0f} hours",
               file=sys.stderr)
     result = {"env": args.env, "act": args.act, "device": args.device, "sb3_steps_per_second": base, "sb3_before_after": [before, after],
               "population": rows}
