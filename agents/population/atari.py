@@ -12,11 +12,12 @@ SB3's loop order per env step (act, env step, store with the terminal observatio
 ``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
 
 Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``QNetwork`` and ``torch.optim.Adam``,
-the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py); ``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the
-network per step and per update (convolutions batched over members as grouped convolutions) and one Adam step on
-the stacked tensors; ``"auto"`` is ``"loop"`` on a CPU (compute-bound: oneDNN's grouped convolutions and their
-backward are slower than one convolution per member: docs/agents/atari-populations.md, Speed) and
-``"vmap"`` on a GPU (one kernel per layer for all members). The two agree to float rounding (float64: 1e-10 after
+the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py);
+``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the network per step and per update
+(convolutions batched over members as grouped convolutions) and one Adam step on the stacked tensors; ``"auto"`` is
+``"loop"`` on a CPU (compute-bound: oneDNN's grouped convolutions and their backward are slower than one
+convolution per member; docs/agents/atari-populations.md, Speed) and ``"vmap"`` on a GPU (one kernel per layer for
+all members). The two agree to float rounding (float64: 1e-10 after
 an update).
 
 Rainbow members (a ``rainbow`` config; :mod:`agents.population.atari_rainbow`): each its own policy as its single
