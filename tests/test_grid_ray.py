@@ -301,12 +301,12 @@ def test_populations_on_cuda_ask_ray_for_a_share_of_a_gpu_by_their_memory(tmp_pa
 
 
 ATARI = ("command: dqn\nengine: population\npopulation_size: 2\nfixed: {env: ALE/Pong-v5, atari_env: ale-vector, "
-         "steps: 1000, progress: false}\ngrids:\n  - {seed: [0, 1]}\n")
+         "steps: 1000, buffer_size: 100000, progress: false}\ngrids:\n  - {seed: [0, 1]}\n")
 
 
 def test_atari_populations_ask_ray_for_the_host_memory_of_their_replays(cluster, tmp_path):
     """Ray's ``memory`` resource: a node runs only as many Atari populations as its RAM holds their frame replays
-    (1e6 transitions, ~7 GB a member); a population larger than every node is refused in one line; populations
+    (0.7 GB a member at 1e5 transitions, ~7 GB at 1e6); a population larger than every node is refused in one line; populations
     whose replays are on their device ask for none; on CUDA an Atari population's share of a GPU is by its
     networks alone."""
     from agents.errors import ConfigError
@@ -322,8 +322,8 @@ def test_atari_populations_ask_ray_for_the_host_memory_of_their_replays(cluster,
     # on a GPU its share is its networks' memory (not the replays'): a few hundredths of an 80 GB GPU
     assert gpu_share(_cuda(work[0]), 80 * 10**9) == math.ceil(100 * (2 * device + CUDA_OVERHEAD) / (80 * 10**9)) / 100
     assert _host_memory(tasks(plan(load_grid(_write(tmp_path / "p.yml", POPULATION)), tmp_path / "p"))) == {}
-    huge = tasks(plan(load_grid(_write(tmp_path / "h.yml", ATARI.replace("steps: 1000", "steps: 1000, buffer_size: "
-                                                                            "1000000000"))), tmp_path / "h"))
+    huge = tasks(plan(load_grid(_write(tmp_path / "h.yml", ATARI.replace("buffer_size: 100000",
+                                                                            "buffer_size: 1000000000"))), tmp_path / "h"))
     with pytest.raises(ConfigError, match=r"needs [0-9.]+ GiB of host memory for its replays and the largest node"):
         _host_memory(huge)
 
