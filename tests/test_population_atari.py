@@ -2,7 +2,7 @@
 the same C++ vector env), in lockstep: each member draws from its single run's streams, and its weights after 37
 updates (3-step returns, Adam, target copies, life losses, game overs and truncations on the way) equal the run's
 bit for bit ("loop"); the stacked form ("vmap") equals the loop in float64; a pickled population continues as the
-uninterrupted one."""
+uninterrupted one. (ReLU's cases run with the long tests: the default run keeps Elephant's.)"""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def sb3_run(config: dict) -> tuple[dict, dict[str, torch.Tensor], list]:
     return draws, {k: v.detach().clone() for k, v in model.q_net.state_dict().items()}, games
 
 
-@pytest.mark.parametrize("act", ["elephant", "relu"])
+@pytest.mark.parametrize("act", ["elephant", pytest.param("relu", marks=pytest.mark.long)])
 def test_members_are_the_single_runs_of_their_seeds_bit_for_bit(act):
     """Nothing injected: each member draws from the streams its single run draws from (SingleRunDraws), so after
     37 updates its weights and games are the single run's; the draws recorded from the single runs are the ones the
@@ -109,7 +109,7 @@ def float64_population(config: dict, members: list[Member], implementation: str)
                            implementation=implementation)
 
 
-@pytest.mark.parametrize("act", ["elephant", "relu"])
+@pytest.mark.parametrize("act", ["elephant", pytest.param("relu", marks=pytest.mark.long)])
 def test_the_stacked_network_is_the_loop_in_float64(act):
     """One torch.func call over stacked parameters (grouped convolutions) and one Adam step on stacked tensors
     against each member's own module and torch.optim.Adam, in float64 so that rounding cannot hide a wrong formula:
@@ -242,7 +242,7 @@ def rainbow_run(config: dict) -> tuple[dict[str, torch.Tensor], list]:
         [(e["r"], e["l"]) for e in model.ep_info_buffer]
 
 
-@pytest.mark.parametrize("act", ["elephant", "relu"])
+@pytest.mark.parametrize("act", ["elephant", pytest.param("relu", marks=pytest.mark.long)])
 def test_rainbow_members_are_the_single_runs_of_their_seeds_bit_for_bit(act):
     """Every component (noisy nets redrawn before each action and update from the run's torch stream, C51, PER from
     its numpy stream with beta annealed, 3-step returns, dueling, double Q, fused Adam): a member's weights and
