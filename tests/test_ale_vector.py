@@ -25,10 +25,12 @@ class _Reference:
         self.ale.loadROM(roms.get_rom_path(game))
         self.actions = self.ale.getMinimalActionSet()
 
-    def start(self, seed: int, frames: int) -> None:
-        """A game from ``seed``: the ROM reloaded with it, then the reset's ``frames`` (FIRE, then no-ops)."""
-        self.ale.setInt("random_seed", seed)
-        self.ale.loadROM(roms.get_rom_path(self.game))
+    def start(self, seed: int | None, frames: int) -> None:
+        """The next game: from ``seed`` the ROM reloaded with it (else the emulator goes on), then the reset's
+        ``frames`` (FIRE, then no-ops)."""
+        if seed is not None:
+            self.ale.setInt("random_seed", seed)
+            self.ale.loadROM(roms.get_rom_path(self.game))
         self.ale.reset_game()
         fire = Action.FIRE in self.actions
         for k in range(frames):
@@ -61,11 +63,16 @@ class _Reference:
 @pytest.mark.parametrize("game, train, steps, ends", [("breakout", True, 700, 2), ("breakout", False, 700, 2),
                                                      ("freeway", True, 300, 0)])  # (Freeway: no FIRE, no lives)
 def test_each_step_is_its_definition_from_the_emulator(game, train, steps, ends):
-    games = AtariGames(game, [3, 4], train=train, num_threads=1)
+    """Games seeded at their env's first game and at the first game of each 250 steps (the ROM reloaded), the other
+    games begun by a plain reset of the emulator as it stands."""
+    games = AtariGames(game, [3, 4], train=train, num_threads=1, reseed_every=250)
     refs = [_Reference(game, train) for _ in range(2)]
+    began = {"seeded": 0, "plain": 0}
 
     def start(i: int) -> None:
-        refs[i].start(games.game_seed(i), int(games.reset_frames[i]))
+        seeded = games.seeded_game[i] == games.games[i]
+        began["seeded" if seeded else "plain"] += 1
+        refs[i].start(games.game_seed(i) if seeded else None, int(games.reset_frames[i]))
 
     for i in range(2):
         start(i)
@@ -85,14 +92,18 @@ def test_each_step_is_its_definition_from_the_emulator(game, train, steps, ends)
                 over_seen += 1
             assert np.array_equal(step.obs[i], np.stack(r.stack)), (t, i)
     assert over_seen >= ends
+    if ends:
+        assert began["seeded"] > 2 and began["plain"] > 0, began
 
 
-def test_pickled_games_resume_to_the_same_emulators():
-    games = AtariGames("breakout", [0, 1, 2], train=True, num_threads=1)
+@pytest.mark.parametrize("reseed_every", [10_000, 200])
+def test_pickled_games_resume_to_the_same_emulators(reseed_every):
+    """Replayed from the first games (several games since) or from later seeded starts."""
+    games = AtariGames("breakout", [0, 1, 2], train=True, num_threads=1, reseed_every=reseed_every)
     rng = np.random.default_rng(1)
     for _ in range(450):  # past some games' ends
         games.step(rng.integers(0, games.n_actions, size=3))
-    assert (games.games > 1).any()
+    assert (games.games > 1).any() and (games.seeded_game > 1).any() == (reseed_every < 450)
     copy = pickle.loads(pickle.dumps(games))
     assert np.array_equal(copy.observation(), games.observation())
     for _ in range(300):
@@ -103,8 +114,8 @@ def test_pickled_games_resume_to_the_same_emulators():
 
 
 def test_games_pickled_as_one_of_them_begins_resume_to_the_same_emulators():
-    """A checkpoint right after one env's game ended (its new game has no actions yet) while another is mid-game."""
-    games = AtariGames("breakout", [0, 1], train=False, num_threads=1)
+    """A checkpoint right after one env's game was seeded (no actions since) while another is mid-game."""
+    games = AtariGames("breakout", [0, 1], train=False, num_threads=1, reseed_every=1)
     rng = np.random.default_rng(2)
     for _ in range(3000):
         games.step(rng.integers(0, games.n_actions, size=2))

@@ -282,7 +282,9 @@ def test_the_population_engine_setting_picks_the_exact_loop_or_is_refused(tmp_pa
 def test_the_stacked_rainbow_is_the_loop_in_float64(monkeypatch):
     """Rainbow's stacked form (one torch.func call per step and update; noise, PER and draws from the same member
     streams) against its loop (Rainbow's own methods per member), in float64 (SB3's float32 cast of observations
-    replaced by a float64 one in both): 1e-10 after the first update, 1e-7 after 17, the same games."""
+    replaced by a float64 one in both): 1e-10 after the first update, 1e-6 after 17, the same games (rounding grows
+    faster through noisy layers and C51's log-softmax than in DQN: measured 2e-13, 3e-11, 3e-10, 5e-9, 1e-7 after
+    1, 5, 9, 13, 17 updates; a wrong formula is off by about the learning rate, 1e-4, from the first)."""
     import stable_baselines3.common.policies as sb3_policies
 
     monkeypatch.setattr(sb3_policies, "preprocess_obs", lambda obs, space, normalize_images=True: obs.double())
@@ -290,7 +292,7 @@ def test_the_stacked_rainbow_is_the_loop_in_float64(monkeypatch):
     members = [*MEMBERS, Member(seed=2, learning_rate=1e-3, buffer_size=64)]
     pops = {impl: AtariPopulation(config, members, implementation=impl, dtype=torch.float64)
             for impl in ("vmap", "loop")}
-    for steps, atol in ((40, 1e-10), (160, 1e-7)):
+    for steps, atol in ((40, 1e-10), (160, 1e-6)):
         for pop in pops.values():
             pop.learn(steps)
         for m in range(len(members)):

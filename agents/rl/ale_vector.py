@@ -25,14 +25,17 @@ noop_max 30, FIRE reset       ``noop_max=30``,                   EnvPool: 0-29 n
                               ``use_fire_reset=True``            then 0-28 no-ops (its order, not settable)
 max_episode_steps 108,000     ``max_num_frames_per_episode``     none
 agent steps                   = 4 x 108,000
-seed + env index              each game reseeded at its every    EnvPool seeds once; the emulators' streams
-                              start (below)                      differ either way
+seed + env index              each env seeded at its first game  EnvPool seeds once; the emulators' streams
+                              and again at the first game start  differ either way
+                              of every ``reseed_every`` steps
 ============================  =================================  ==============================================
 
-Each game is started afresh (the ROM reloaded with a seed, ale-py's ``reset(seed=...)``) at every game's start,
-from a seed drawn from ``(seed, game number)``: a game is a pure function of that seed and the actions taken since,
-so pickling keeps those and unpickling replays them (at most one game per env) to the very emulator state; ale-py's
-vector env cannot save its emulators' states. Life losses do not start a new game.
+A seeded start reloads the ROM with a seed drawn from ``(seed, game number)`` (ale-py's ``reset(seed=...)``, about
+70 ms); the other games begin as the vector env begins them within the step (a plain reset, ~100x cheaper), from
+emulators whose state is a pure function of the last seeded start and the actions taken since. Pickling keeps each
+env's actions since its last seeded start and unpickling replays them (at most ``reseed_every`` steps plus one game
+per env) to the very emulator state: ale-py's vector env cannot save its emulators' states. Life losses do not
+start a new game.
 """
 
 from __future__ import annotations
@@ -84,19 +87,23 @@ class GamesStep:
 class AtariGames:
     """``len(seeds)`` games of ``game`` (ale-py's ROM name, :func:`game_name`) with the authors' EnvPool settings
     (module docstring): ``train`` (a lost life ends the learner's episode, rewards clipped to their sign) or not;
-    game ``g`` of env ``i`` starts from a seed drawn from ``(seeds[i], g)``. ``num_threads`` C++ threads step them
+    env ``i``'s first game, and its first game to begin at or after each multiple of ``reseed_every`` steps, start
+    from a seed drawn from ``(seeds[i], game number)`` (module docstring). ``num_threads`` C++ threads step them
     (0: one per env, at most the machine's cores)."""
 
     def __init__(self, game: str, seeds: Sequence[int], *, train: bool, max_episode_steps: int = 108_000,
-                 noop_max: int = 30, num_threads: int = 0) -> None:
+                 noop_max: int = 30, num_threads: int = 0, reseed_every: int = 10_000) -> None:
         self.game, self.train, self.num_threads = game, bool(train), int(num_threads)
         self.max_episode_steps, self.noop_max = int(max_episode_steps), int(noop_max)
+        self.reseed_every, self.steps = int(reseed_every), 0  # (steps: of every env, in lockstep)
         self.seeds = np.asarray(seeds, dtype=np.int64)
         self.n = len(self.seeds)
         if self.seeds.ndim != 1 or self.n < 1:
             raise ValueError(f"AtariGames needs a list of at least one seed (one per env), got {seeds!r}")
         self.games = np.zeros(self.n, dtype=np.int64)  # games started per env
-        self.history: list[bytearray] = [bytearray() for _ in range(self.n)]  # actions since each game's start
+        self.seeded_game = np.zeros(self.n, dtype=np.int64)  # the number of each env's last seeded game
+        self.seeded_window = np.zeros(self.n, dtype=np.int64)  # steps // reseed_every at each env's last seeded start
+        self.history: list[bytearray] = [bytearray() for _ in range(self.n)]  # actions since the last seeded start
         self.score = np.zeros(self.n, dtype=np.int64)
         self.length = np.zeros(self.n, dtype=np.int64)
         self._open()
@@ -126,6 +133,8 @@ class AtariGames:
         """Start a new game in the envs of ``mask`` (each from its game seed)."""
         if count:
             self.games[mask] += 1
+            self.seeded_game[mask] = self.games[mask]
+            self.seeded_window[mask] = self.steps // self.reseed_every
             for i in np.flatnonzero(mask):
                 self.history[i] = bytearray()
         seeds = np.array([self.game_seed(i) for i in np.flatnonzero(mask)], dtype=np.int64)
@@ -137,19 +146,27 @@ class AtariGames:
         self.reset_frames[mask] = info["episode_frame_number"][mask]
         self.score[mask], self.length[mask] = 0, 0
 
-    def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Step every env once: (raw score change, terminated, truncated, game over, lives)."""
+    def _advance(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step every env once: (raw score change, terminated, truncated, game over). A finished game's next one
+        began within the step (the vector env's plain reset): the stack shows the finished game's last frame, and
+        :meth:`_begin` turns to the next one."""
         obs, score, game_over, truncated, info = self.env.step(actions.astype(np.int32))
-        # a finished game was restarted within the step (its info is the new game's; its last frame in final_obs)
-        # and is started again from its own seed by the caller; a life lost, as ale-py's own test on other steps
         over = game_over | truncated
-        lives = info["lives"]
+        lives = info["lives"]  # (a finished game's: the next game's; a life lost, as ale-py's own test)
         life_lost = ~over & (lives > 0) & (lives < self._lives) if self.train else np.zeros(self.n, dtype=bool)
         self._stack[:, :-1] = self._stack[:, 1:]
         self._stack[:, -1] = np.where(over[:, None, None], info["final_obs"][:, -1], obs[:, -1]) if over.any() \
             else obs[:, -1]
         self._lives = lives
-        return score.astype(np.int64), game_over | life_lost, truncated & ~game_over, over, lives
+        self._next = obs[:, -1], info["episode_frame_number"]
+        return score.astype(np.int64), game_over | life_lost, truncated & ~game_over, over
+
+    def _begin(self, mask: np.ndarray) -> None:
+        """Turn the envs of ``mask`` to the game the vector env began within the last step."""
+        first, frames = self._next
+        self._stack[mask] = first[mask][:, None]  # the first frame, four times
+        self.reset_frames[mask] = frames[mask]
+        self.score[mask], self.length[mask] = 0, 0
 
     def step(self, actions: np.ndarray) -> GamesStep:
         """Step every game with ``actions`` ``(N,)`` (indices into the minimal action set); finished games are
@@ -161,13 +178,18 @@ class AtariGames:
                              f"{actions.tolist() if actions.size <= 8 else actions.shape}")
         for i, a in enumerate(actions.tolist()):
             self.history[i].append(a)
-        score, terminated, truncated, over, _ = self._advance(actions)
+        score, terminated, truncated, over = self._advance(actions)
+        self.steps += 1
         self.score += score
         self.length += 1
         final = self._stack.copy()
         returns, lengths = np.where(over, self.score, 0), np.where(over, self.length, 0)
         if over.any():
-            self._start(over)
+            reseed = over & (self.steps // self.reseed_every > self.seeded_window)
+            self.games[over & ~reseed] += 1
+            self._begin(over & ~reseed)
+            if reseed.any():
+                self._start(reseed)
         reward = (np.sign(score) if self.train else score).astype(np.float32)
         return GamesStep(self.observation(), reward, score, terminated, truncated, over, final, returns, lengths)
 
@@ -178,7 +200,7 @@ class AtariGames:
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("env", "_stack", "_lives", "reset_frames")}
+                if k not in ("env", "_stack", "_lives", "_next", "reset_frames")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -186,23 +208,28 @@ class AtariGames:
         self._replay()
 
     def _replay(self) -> None:
-        """Bring every env to where its current game stands: its game restarted from its seed, its actions replayed,
-        all envs in lockstep (an env with a shorter game starts later, stepping no-ops before)."""
+        """Bring every env to where it stands: restarted from its last seeded start, its actions since replayed (the
+        games that began within them begin again within the same steps), all envs in lockstep (an env with fewer
+        actions starts later, stepping no-ops before)."""
         lengths = [len(h) for h in self.history]
         total = max(lengths)
         begin = np.array([total - n for n in lengths])
-        score, length = self.score.copy(), self.length.copy()
+        score, length, seeded_window = self.score.copy(), self.length.copy(), self.seeded_window.copy()
+        games = self.games.copy()
+        self.games = self.seeded_game.copy()  # (the seeded games' seeds)
         self._start(np.ones(self.n, dtype=bool), count=False)
         for t in range(total):
             due = (begin == t) & (t > 0)
             if due.any():
                 self._start(due, count=False)
             actions = np.array([h[t - b] if t >= b else 0 for h, b in zip(self.history, begin)], dtype=np.int32)
-            self._advance(actions)
-        idle = (begin == total) & (total > 0)  # envs whose game has just begun: no actions to replay
+            over = self._advance(actions)[3]
+            if (began := over & (t >= begin)).any():
+                self._begin(began)
+        idle = (begin == total) & (total > 0)  # envs seeded at the last step: no actions to replay
         if idle.any():
             self._start(idle, count=False)
-        self.score, self.length = score, length
+        self.score, self.length, self.seeded_window, self.games = score, length, seeded_window, games
 
 
 class AtariGamesVecEnv(VecEnv):
