@@ -270,8 +270,10 @@ def test_a_population_whose_worker_is_killed_resumes_from_its_checkpoint(cluster
                            "--resume"], cwd=ROOT, env=_ray_env(RAY_ADDRESS=cluster), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"resuming the population of 2 at step [1-9]", proc.stderr), proc.stderr
     assert "grid done: 2 finished, 0 failed" in proc.stderr
+    # (from the summaries: the worker's own "resuming the population" line reaches the driver's stderr only when
+    # Ray forwards it before the driver exits)
+    assert all(json.loads((d / "DONE.json").read_text())["summary"]["resumed_from_step"] >= 300 for d in dirs)
     for a, b in zip(_run_dirs(grid, ref), dirs, strict=True):
         _assert_same_results(a, b)
 

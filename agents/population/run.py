@@ -230,6 +230,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     except ValueError as err:  # (an env or setting the engine does not take)
         raise ConfigError(str(err)) from None
     seen = state["seen"] if state else [0] * len(members)
+    begun = int(pop.num_timesteps)  # (a resumed population's step at its checkpoint; else 0)
     logs = []
     try:
         for m, (c, d) in enumerate(zip(configs, dirs)):
@@ -354,8 +355,9 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
         k = max(1, int(np.ceil(0.1 * len(returns)))) if returns else 0
         summary = {"status": "nan" if pop.diverged_at[m] else "finished", "steps": end, "episodes": len(returns),
                    "final_return": float(np.mean(returns[-k:])) if returns else None,
-                   "steps_per_second": steps / wall, "population_steps_per_second": steps * len(members) / wall,
-                   "wall_seconds": wall, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
+                   "steps_per_second": (steps - begun) / wall,
+                   "population_steps_per_second": (steps - begun) * len(members) / wall, "wall_seconds": wall,
+                   "resumed_from_step": begun, "run_dir": str(d), "engine": f"population:{pop.implementation}"}
         summaries.append(run.finish(summary))
     path.unlink(missing_ok=True)  # finished: the logs, weights and summaries hold it (until here it stays resumable)
     members_file(path).unlink(missing_ok=True)
