@@ -202,7 +202,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{algo}: {message}")
 
     _check_policy_kwargs(algo, config.get("policy_kwargs") or {})
-    _resolve_activation(config, act_flags, from_file, flags)
+    _resolve_activation(config, act_flags, from_file, flags, checks)
     config.pop("activations", None)
     if config.get("scale_probe_at") is True:  # the length the YAML's at-steps were written for
         config["scale_probe_at"] = int(_merge(*layers).get("n_timesteps") or config["n_timesteps"])
@@ -220,7 +220,7 @@ def resolve(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
 _SET_BY_US = {"observation_space", "action_space", "lr_schedule"}  # SB3 passes these to every policy
 # policy arguments that the config's own keys set (run.policy_kwargs would silently override them)
 _FROM_CONFIG = {"activation": "act", "activation_fn": "act", "act_kwargs": "act_kwargs", "layer_norm": "layer_norm",
-                "sigma_bias": "sigma_bias", "net_arch": "net_arch", "optimizer_class": "optimizer",
+                "sigma_bias": "sigma_bias", "act_layers": "act_layers", "net_arch": "net_arch", "optimizer_class": "optimizer",
                 "optimizer_kwargs": "optimizer_kwargs", "features_extractor_kwargs": "features_dim"}
 
 
@@ -249,8 +249,12 @@ def _check_policy_kwargs(algo: str, policy_kwargs: Mapping[str, Any]) -> None:
                           f"{', '.join(sorted(allowed))}")
 
 
+#: settings an activation's entry in the YAML's ``activations`` table may set besides its arguments
+_TABLE_SETTINGS = ("net_arch", "match_width", "act_layers")
+
+
 def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], from_file: Mapping[str, Any],
-                        flags: Mapping[str, Any]) -> None:
+                        flags: Mapping[str, Any], algo_checks: Mapping[str, c.Check]) -> None:
     try:
         spec = activation_spec(config.get("act", "relu"))
     except ValueError as err:
@@ -258,6 +262,18 @@ def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], fr
     act = spec.name
     table = c.mapping((config.get("activations") or {}).get(act))
     table_sigma, table_ln = table.pop("sigma_bias", None), table.pop("layer_norm", None)
+    given = {**from_file, **flags}  # explicit settings beat the activation's table, which beats the YAML entry
+    for key in _TABLE_SETTINGS:  # the activation's own network shape (the authors' widths per activation)
+        if key not in table:
+            continue
+        value = table.pop(key)
+        if key not in algo_checks:
+            raise ConfigError(f"activations.{act}.{key}: this algorithm has no setting {key}")
+        if key not in given:
+            try:
+                config[key] = algo_checks[key](value)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"activations.{act}.{key} must be {err}, got {value!r}") from None
     act_kwargs = {**table, **c.mapping(config.get("act_kwargs")), **act_flags}
     if "num_units" in act_kwargs:
         raise ConfigError("num_units is set from the layer width; leave it out")
@@ -269,7 +285,6 @@ def _resolve_activation(config: dict[str, Any], act_flags: Mapping[str, Any], fr
         spec.build(1, **act_kwargs)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"activation {act!r}: {err}") from None
-    given = {**from_file, **flags}  # explicit settings beat the activation's table, which beats the YAML entry
     sigma = config.get("sigma_bias") if "sigma_bias" in given or table_sigma is None else table_sigma
     if sigma is None:
         sigma = spec.sigma_bias  # the activation's default convention (Elephant: 0.4; the others: none)
@@ -324,7 +339,7 @@ def _check_optimizer(config: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-_ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm", "net_arch", "match_width",
+_ORDER = ("algo", "env", "seed", "act", "act_kwargs", "sigma_bias", "layer_norm", "net_arch", "match_width", "act_layers",
           "features_dim", "n_timesteps", "learning_rate", "lr_schedule", "optimizer", "optimizer_kwargs")
 _TAIL = ("n_envs", "max_episode_steps", "env_kwargs", "frame_stack", "atari_wrapper_kwargs", "atari_env", "policy_kwargs",
          "probe", "probe_every", "probe_kwargs", "probe_inputs", "device", "torch_threads", "progress",

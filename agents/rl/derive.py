@@ -92,11 +92,15 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
     else:
         roles = {r: list(arch) for r in spec.roles}
     outs = {r: widths(in_features, n_out) for r, widths in spec.roles.items()}
+    last_only = config.get("act_layers", "all") == "last"
+    if last_only and match:
+        raise ConfigError("match_width matches networks whose hidden layers all carry the activation; with "
+                          "act_layers=last give net_arch instead")
     hidden = {}
     for role, widths in roles.items():
         hidden[role] = _match(*net, *outs[role], widths) if match else widths
         try:
-            for w in hidden[role]:
+            for w in hidden[role][-1:] if last_only else hidden[role]:
                 _out_width(act, act_kwargs, w)  # validates the width for the activation (e.g. Maxout's k)
         except ValueError as err:
             raise ConfigError(f"net_arch {hidden[role]} with {act}: {err}") from None

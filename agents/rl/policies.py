@@ -7,6 +7,8 @@ arguments passed as ``policy_kwargs``, plus a features extractor class for image
 * ``act_kwargs``: its arguments (``d``, ``h``, ``a`` for Elephant, ``k`` for Maxout/LWTA/FTA, ...);
 * ``layer_norm``: LayerNorm before the activation (``None``: the activation spec's default, on for Elephant);
 * ``sigma_bias``: spread of the hidden biases (``None``: the spec's default, 0.4 for Elephant, else zero biases);
+* ``act_layers`` (PPO and SAC): ``"all"`` hidden layers carry the activation, or the ``"last"`` only (``Linear ->
+  ReLU`` before it, as the authors' SAC places FTA);
 
 and builds its hidden blocks with :func:`interference.nets.hidden_layer` (``Linear [-> LayerNorm] -> act``).
 ``net_arch`` holds the hidden Linear widths actually built (width matching happens before, in the config).
@@ -41,28 +43,41 @@ from interference.nets import hidden_layer, nature_convs, spread_bias_
 __all__ = [
     "ActNatureCNN", "ActMlpExtractor", "ActQNetwork", "ActDQNPolicy", "ActActorCriticPolicy", "ActActor",
     "ActCritic", "ActSACPolicy", "act_blocks", "reapply_spread_bias", "cnn_flat_features", "SPREAD_ATTR",
-    "MinAtarConv", "ActMinAtarCNN", "minatar_flat_features",
+    "MinAtarConv", "ActMinAtarCNN", "minatar_flat_features", "ACT_LAYERS",
 ]
 
 SPREAD_ATTR = "spread_sigma_bias"  # tag on a hidden nn.Linear whose bias follows the paper's spread init
+#: which hidden layers carry the chosen activation: all, or the last only (ReLU before it)
+ACT_LAYERS = ("all", "last")
 
 
 def _spec(activation: str, act_kwargs: Mapping[str, Any] | None, layer_norm: bool | None,
-          sigma_bias: float | None) -> dict[str, Any]:
-    return {"activation": activation_spec(activation).name, "act_kwargs": dict(act_kwargs or {}),
+          sigma_bias: float | None, act_layers: str | None = None) -> dict[str, Any]:
+    """The policy's activation arguments (``act_layers`` only for the policies that take it)."""
+    spec = {"activation": activation_spec(activation).name, "act_kwargs": dict(act_kwargs or {}),
             "layer_norm": layer_norm, "sigma_bias": sigma_bias}
+    if act_layers is not None:
+        if act_layers not in ACT_LAYERS:
+            raise ValueError(f"act_layers must be one of {', '.join(ACT_LAYERS)}, got {act_layers!r}")
+        spec["act_layers"] = act_layers
+    return spec
 
 
 def act_blocks(in_features: int, widths: Sequence[int], activation: str = "relu",
                act_kwargs: Mapping[str, Any] | None = None, *, layer_norm: bool | None = None,
-               sigma_bias: float | None = None) -> tuple[list[nn.Module], int]:
-    """Hidden blocks ``Linear(w) [-> LayerNorm] -> activation`` for each width; returns the modules and the width
-    the last block outputs (Maxout divides by ``k``, FTA multiplies by ``k``). Hidden Linears with spread biases
-    are tagged for :func:`reapply_spread_bias`."""
+               sigma_bias: float | None = None, act_layers: str = "all") -> tuple[list[nn.Module], int]:
+    """Hidden blocks ``Linear(w) [-> LayerNorm] -> activation`` for each width (``act_layers="last"``: the blocks
+    before the last are ``Linear(w) -> ReLU`` with zero biases); returns the modules and the width the last block
+    outputs (Maxout divides by ``k``, FTA multiplies by ``k``). Hidden Linears with spread biases are tagged for
+    :func:`reapply_spread_bias`."""
     layers: list[nn.Module] = []
     width = int(in_features)
     spread = activation_spec(activation).sigma_bias if sigma_bias is None else sigma_bias
-    for w in widths:
+    for i, w in enumerate(widths):
+        if act_layers == "last" and i < len(widths) - 1:
+            block, width = hidden_layer(width, int(w), "relu", layer_norm=False, sigma_bias=0.0)
+            layers += block
+            continue
         block, width = hidden_layer(width, int(w), activation, act_kwargs, layer_norm=layer_norm,
                                     sigma_bias=sigma_bias)
         if spread:
@@ -222,14 +237,14 @@ class ActMlpExtractor(nn.Module):
 
     def __init__(self, feature_dim: int, net_arch: Sequence[int] | Mapping[str, Sequence[int]],
                  activation: str = "relu", act_kwargs: Mapping[str, Any] | None = None,
-                 layer_norm: bool | None = None, sigma_bias: float | None = None,
+                 layer_norm: bool | None = None, sigma_bias: float | None = None, act_layers: str = "all",
                  device: th.device | str = "auto") -> None:
         super().__init__()
         if isinstance(net_arch, Mapping):
             pi, vf = list(net_arch.get("pi", [])), list(net_arch.get("vf", []))
         else:
             pi = vf = list(net_arch)
-        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
+        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias, act_layers)
         pi_layers, self.latent_dim_pi = act_blocks(feature_dim, pi, **spec)
         vf_layers, self.latent_dim_vf = act_blocks(feature_dim, vf, **spec)
         self.policy_net = nn.Sequential(*pi_layers)
@@ -253,8 +268,9 @@ class ActActorCriticPolicy(ActorCriticPolicy):
     """
 
     def __init__(self, *args: Any, activation: str = "relu", act_kwargs: Mapping[str, Any] | None = None,
-                 layer_norm: bool | None = None, sigma_bias: float | None = None, **kwargs: Any) -> None:
-        self.act_spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
+                 layer_norm: bool | None = None, sigma_bias: float | None = None, act_layers: str = "all",
+                 **kwargs: Any) -> None:
+        self.act_spec = _spec(activation, act_kwargs, layer_norm, sigma_bias, act_layers)
         super().__init__(*args, **kwargs)
 
     def _build_mlp_extractor(self) -> None:
@@ -278,10 +294,10 @@ class ActActor(Actor):
                  features_extractor: nn.Module, features_dim: int, activation_fn: type[nn.Module] = nn.ReLU,
                  use_sde: bool = False, *args: Any, activation: str = "relu",
                  act_kwargs: Mapping[str, Any] | None = None, layer_norm: bool | None = None,
-                 sigma_bias: float | None = None, **kwargs: Any) -> None:
+                 sigma_bias: float | None = None, act_layers: str = "all", **kwargs: Any) -> None:
         if use_sde:
             raise ValueError("ActActor does not support gSDE (use_sde=True)")
-        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
+        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias, act_layers)
         super().__init__(observation_space, action_space, [], features_extractor, features_dim, activation_fn,
                          use_sde, *args, **kwargs)
         self.net_arch = list(net_arch)
@@ -304,8 +320,8 @@ class ActCritic(ContinuousCritic):
                  activation_fn: type[nn.Module] = nn.ReLU, normalize_images: bool = True, n_critics: int = 2,
                  share_features_extractor: bool = True, *, activation: str = "relu",
                  act_kwargs: Mapping[str, Any] | None = None, layer_norm: bool | None = None,
-                 sigma_bias: float | None = None) -> None:
-        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
+                 sigma_bias: float | None = None, act_layers: str = "all") -> None:
+        spec = _spec(activation, act_kwargs, layer_norm, sigma_bias, act_layers)
         super().__init__(observation_space, action_space, [], features_extractor, features_dim, activation_fn,
                          normalize_images, n_critics, share_features_extractor)
         self.net_arch = list(net_arch)
@@ -323,8 +339,9 @@ class ActSACPolicy(SACPolicy):
     """SAC policy whose actor and both critics (and their targets) carry the chosen activation."""
 
     def __init__(self, *args: Any, activation: str = "relu", act_kwargs: Mapping[str, Any] | None = None,
-                 layer_norm: bool | None = None, sigma_bias: float | None = None, **kwargs: Any) -> None:
-        self.act_spec = _spec(activation, act_kwargs, layer_norm, sigma_bias)
+                 layer_norm: bool | None = None, sigma_bias: float | None = None, act_layers: str = "all",
+                 **kwargs: Any) -> None:
+        self.act_spec = _spec(activation, act_kwargs, layer_norm, sigma_bias, act_layers)
         super().__init__(*args, **kwargs)
 
     def make_actor(self, features_extractor: BaseFeaturesExtractor | None = None) -> ActActor:

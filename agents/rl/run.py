@@ -75,6 +75,8 @@ def policy_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     derived = config["derived"]
     spec = {"activation": config["act"], "act_kwargs": dict(config["act_kwargs"]),
             "layer_norm": config["layer_norm"], "sigma_bias": config["sigma_bias"]}
+    if "act_layers" in config:  # (PPO and SAC)
+        spec["act_layers"] = config["act_layers"]
     kwargs: dict[str, Any] = {**dict(config.get("policy_kwargs") or {}), **spec,
                               "optimizer_class": OPTIMIZERS[config["optimizer"]],
                               "optimizer_kwargs": dict(config["optimizer_kwargs"])}

@@ -31,6 +31,9 @@ def _s(check: c.Check, help: str) -> Any:
     return field(metadata={"check": check, "help": help})
 
 
+_ACT_LAYERS = "hidden layers carrying the activation: all, or the last only (Linear -> ReLU before it)"
+
+
 @dataclass
 class Common:
     """Settings of every RL algorithm."""
@@ -46,7 +49,8 @@ class Common:
     net_arch: list | dict = _s(c.net_arch, "hidden Linear widths: a list, or per role (pi, vf, qf)")
     match_width: bool = _s(c.boolean(), "match the parameter count of the Elephant network of net_arch widths")
     features_dim: int = _s(c.integer(1), "width of the Nature CNN's hidden layer (image observations)")
-    activations: dict = _s(c.mapping, "per-activation defaults {act: {argument: value, sigma_bias, layer_norm}}")
+    activations: dict = _s(c.mapping, "per-activation defaults {act: {argument: value, sigma_bias, layer_norm, "
+                                      "net_arch, match_width, act_layers}}")
     learning_rate: float = _s(c.real(0.0, open_lo=True), "learning rate")
     lr_schedule: str = _s(c.choice("constant", "linear"), "constant, or linear decay to 0")
     optimizer: str = _s(c.choice(*OPTIMIZERS), "adam, rmsprop or sgd")
@@ -143,12 +147,14 @@ class PPOSettings(Common):
     vf_coef: float = _s(c.real(0.0), "value loss coefficient")
     normalize_advantage: bool = _s(c.boolean(), "normalise advantages per minibatch")
     target_kl: float | None = _s(c.real(0.0, open_lo=True, optional=True), "early-stopping KL; null: none")
+    act_layers: str = _s(c.choice("all", "last"), _ACT_LAYERS)
 
 
 @dataclass
 class SACSettings(OffPolicy):
     ent_coef: str | float = _s(c.ent_coef, "entropy coefficient, or auto / auto_X (learned, starting at X)")
     target_entropy: str | float = _s(c.target_entropy, "target entropy, or auto")
+    act_layers: str = _s(c.choice("all", "last"), _ACT_LAYERS)
 
 
 def checks(schema: type) -> dict[str, c.Check]:
