@@ -135,8 +135,9 @@ def sac_context(algo: SAC, rng: np.random.Generator) -> dict[str, Any]:
             next_q = torch.cat(policy.critic_target(data.next_observations, next_actions), dim=1).min(dim=1).values
             next_q = next_q - ent_coef() * next_log_prob
             target = data.rewards.flatten() + (1 - data.dones.flatten()) * torch.as_tensor(discounts).flatten() * next_q
-        # the actor's reparameterisation noise, drawn once per batch: a per-sample loss must be a function
-        noise = torch.as_tensor(rng.standard_normal((k, action_dim)), dtype=data.observations.dtype,
+        # the actor's reparameterisation noise, drawn once per batch: a per-sample loss must be a function (in the
+        # actor's dtype: MuJoCo's float64 observations are cast by the policy, the noise would not be)
+        noise = torch.as_tensor(rng.standard_normal((k, action_dim)), dtype=next(policy.actor.parameters()).dtype,
                                 device=data.observations.device)
         return data.observations, data.actions, target, noise
 

@@ -1,0 +1,215 @@
+"""The policy-gradient study on MuJoCo: PPO and SAC per task and activation, the buffer-size figure, aggregates.
+
+    python -m reports.mujoco RUNS_DIR [MORE ...] -o OUT/
+
+Runs (PPO or SAC on the paper's MuJoCo tasks: HalfCheetah, Hopper, Walker2d, Ant, Reacher, Swimmer; finished) are
+grouped by algorithm, task, activation, buffer size (SAC) and the rest of their config (the seed aside). A run's
+score is the authors' (qlan3/Elephant ``analysis``): the mean return of its last 10% of training episodes
+(``episode_return``, raw rewards), then mean ± SE over seeds. Per algorithm, task and buffer size:
+
+* training returns, a trailing mean of 20 episodes, mean ± SE over seeds;
+* a table: last-10% return (mean ± SE), seeds, env steps, env steps/s (``summary.json``).
+
+Per algorithm, where a task was run with several buffer sizes: the paper's buffer-size figure (last-10% return
+against buffer size, one panel per task, a line per activation). Across tasks, per algorithm, buffer size and
+activation: the IQM and mean of min-max normalised scores (each task's scores mapped to [0, 1] by the lowest and
+highest run of that task, algorithm and buffer size), with 95% stratified-bootstrap CIs (rliable); a task with fewer
+seeds than the others cuts every task to its seeds. Then Elephant against each other activation: per task, the
+difference of the means and whether the SE intervals overlap.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from runlog import Run
+
+from .cli import open_study, publish_study
+from .data import config_key, final_return, finished, format_mean_sem, learning_curve, mean_sem, summary_mean
+from .html import Table
+from .plots import activation_color, mean_curves, save
+
+__all__ = ["Group", "groups", "TASKS", "task_of", "buffer_figure", "normalised_aggregates", "elephant_against", "main"]
+
+ALGOS = ("ppo", "sac")
+#: the paper's MuJoCo tasks (any version)
+TASKS = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Reacher", "Swimmer")
+
+
+def task_of(env: str) -> str | None:
+    """The task of a Gymnasium id (``Hopper-v4`` -> ``Hopper``), None for other envs."""
+    name = env.split("-v")[0]
+    return name if name in TASKS else None
+
+
+@dataclass
+class Group:
+    """Runs of one configuration (all seeds)."""
+
+    algo: str
+    env: str
+    act: str
+    buffer_size: int | None
+    config: dict
+    runs: list[Run]
+
+    def scores(self) -> list[float]:
+        """Each run's last-10% training return, by seed."""
+        return [final_return(r) for r in sorted(self.runs, key=lambda r: r.seed) if "episode_return" in r.scalars]
+
+
+def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
+    """Finished PPO/SAC runs on the MuJoCo tasks, grouped by config except the seed; a warning per such run left
+    out."""
+    found: dict[str, Group] = {}
+    warnings = []
+    for run in sorted(runs, key=lambda r: r.path):
+        c = run.config
+        if c.get("algo") not in ALGOS or task_of(str(c.get("env", ""))) is None:
+            continue
+        if not finished(run):
+            warnings.append(f"{run.path}: unfinished run; left out")
+            continue
+        if "episode_return" not in run.scalars:
+            warnings.append(f"{run.path}: no finished episode; left out")
+            continue
+        buffer = int(c["buffer_size"]) if c["algo"] == "sac" else None
+        found.setdefault(config_key(c), Group(c["algo"], c["env"], c["act"], buffer, c, [])).runs.append(run)
+    return list(found.values()), warnings
+
+
+def _buffer_text(buffer: int | None) -> str:
+    return "" if buffer is None else f"{buffer:,}"
+
+
+def buffer_figure(found: Sequence[Group], algo: str) -> Figure | None:
+    """The paper's buffer-size figure for ``algo``: one panel per task run with several buffer sizes, last-10%
+    return (mean ± SE over seeds) against buffer size (log scale), a line per activation; None if no task has
+    several."""
+    by_env: dict[str, list[Group]] = defaultdict(list)
+    for g in found:
+        if g.algo == algo and g.buffer_size is not None:
+            by_env[g.env].append(g)
+    envs = sorted(e for e, gs in by_env.items() if len({g.buffer_size for g in gs}) > 1)
+    if not envs:
+        return None
+    fig = Figure(figsize=(4.5 * len(envs), 3.6), layout="constrained")
+    for ax, env in zip(fig.subplots(1, len(envs), squeeze=False)[0], envs):
+        for act in sorted({g.act for g in by_env[env]}):
+            pts = sorted((g.buffer_size, *mean_sem(g.scores()), len(g.runs)) for g in by_env[env] if g.act == act)
+            x, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
+            ax.plot(x, m, marker="o", color=activation_color(act), label=f"{act} (n={int(n.min())})")
+            ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=activation_color(act), alpha=0.2)
+        ax.set_xscale("log")
+        ax.set_xlabel("replay buffer size (transitions)")
+        ax.set_ylabel("return (last 10% of training episodes)")
+        ax.set_title(f"{algo.upper()} on {env}: mean ± SE over seeds", fontsize=10)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def normalised_aggregates(found: Sequence[Group], reps: int = 2000) -> list[list[str]]:
+    """Rows ``[agent, buffer, activation, tasks, seeds per task, IQM [CI], mean [CI]]``: min-max normalised
+    last-10% returns over tasks x seeds (module docstring), per algorithm and buffer size."""
+    from .classic.scores import aggregates
+
+    by: dict[tuple[str, int | None], dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(dict))
+    for g in found:
+        by[(g.algo, g.buffer_size)][g.env][g.act] = g.scores()
+    rows = []
+    for (algo, buffer), envs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        acts = sorted(set.intersection(*(set(a) for a in envs.values())))
+        if len(acts) < 2:
+            continue
+        n = min(len(envs[e][a]) for e in envs for a in acts)
+        if n < 1:
+            continue
+        matrices = {}
+        for act in acts:
+            cols = []
+            for env, by_act in sorted(envs.items()):
+                pool = np.concatenate([by_act[a][:n] for a in acts])
+                lo, hi = float(pool.min()), float(pool.max())
+                cols.append((np.asarray(by_act[act][:n]) - lo) / (hi - lo) if hi > lo else np.full(n, 0.5))
+            matrices[act] = np.stack(cols, axis=1)  # (seeds, tasks)
+        for agg in aggregates({0: matrices}, reps=reps):
+            rows.append([algo.upper(), _buffer_text(buffer), agg.act, str(len(envs)), str(n),
+                         f"{agg.iqm:.3f} [{agg.iqm_ci[0]:.3f}, {agg.iqm_ci[1]:.3f}]",
+                         f"{agg.mean:.3f} [{agg.mean_ci[0]:.3f}, {agg.mean_ci[1]:.3f}]"])
+    return rows
+
+
+def elephant_against(found: Sequence[Group]) -> list[list[str]]:
+    """Rows ``[agent, task, buffer, against, Elephant - it, SE intervals]``: per task and buffer size, Elephant's
+    mean last-10% return minus each other activation's, and whether their mean ± SE intervals overlap."""
+    cells: dict[tuple[str, str, int | None], dict[str, tuple[float, float]]] = defaultdict(dict)
+    for g in found:
+        cells[(g.algo, g.env, g.buffer_size)][g.act] = mean_sem(g.scores())
+    rows = []
+    for (algo, env, buffer), by_act in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
+        if "elephant" not in by_act:
+            continue
+        me, se = by_act["elephant"]
+        for act, (m, s) in sorted(by_act.items()):
+            if act == "elephant":
+                continue
+            apart = abs(me - m) > np.nan_to_num(se) + np.nan_to_num(s)
+            verdict = ("Elephant higher" if me > m else "Elephant lower") if apart else "overlap"
+            rows.append([algo.upper(), env, _buffer_text(buffer), act, f"{me - m:+.1f}", verdict])
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with `argv` (default ``sys.argv[1:]``); returns the exit code (2 on bad input)."""
+    opened = open_study("python -m reports.mujoco", __doc__, argv, groups, "finished PPO or SAC runs on MuJoCo")
+    if opened is None:
+        return 2
+    _, found, out = opened
+    by: dict[tuple[str, str, int | None], list[Group]] = defaultdict(list)
+    for g in found:
+        by[(g.algo, g.env, g.buffer_size)].append(g)
+    rows, sections = [], defaultdict(list)
+    for (algo, env, buffer), gs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
+        gs = sorted(gs, key=lambda g: g.act)
+        for g in gs:
+            rows.append([algo.upper(), env, _buffer_text(buffer), g.act, format_mean_sem(*mean_sem(g.scores()), digits=1),
+                         str(len(g.runs)), f"{int(g.config['n_timesteps']):,}",
+                         f"{summary_mean(g.runs, 'steps_per_second'):.0f}"])
+        curves = {g.act: c for g in gs if (c := learning_curve(g.runs, window=20)) is not None}
+        if curves:
+            slug = f"{algo}_{env}" + (f"_buffer{buffer}" if buffer is not None else "")
+            title = f"{algo.upper()} on {env}" + (f", buffer {buffer:,}" if buffer is not None else "")
+            save(mean_curves({"training return (trailing mean of 20 episodes)": curves},
+                             title=f"{title}: mean ± SE over seeds",
+                             colors={g.act: activation_color(g.act) for g in gs}, xlabel="env step"),
+                 out / f"{slug}_returns.png")
+            sections["Training returns"].append((title, f"{slug}_returns.png"))
+    for algo in ALGOS:
+        if (fig := buffer_figure(found, algo)) is not None:
+            save(fig, out / f"{algo}_buffers.png")
+            sections["Buffer size (the paper's figure)"].append((f"{algo.upper()}: return against buffer size",
+                                                                 f"{algo}_buffers.png"))
+    tables = [Table("Return over the last 10% of training episodes (mean ± SE over seeds)",
+                    ["agent", "task", "buffer", "activation", "last-10% return", "seeds", "steps per run",
+                     "env steps/s"], rows)]
+    if aggregated := normalised_aggregates(found):
+        tables.append(Table("Across tasks: min-max normalised last-10% returns (IQM and mean, 95% CIs)",
+                            ["agent", "buffer", "activation", "tasks", "seeds per task", "IQM", "mean"], aggregated))
+    if against := elephant_against(found):
+        tables.append(Table("Elephant against each activation (difference of means; mean ± SE intervals)",
+                            ["agent", "task", "buffer", "against", "Elephant - it", "SE intervals"], against))
+    notes = ["Score: the mean return of a run's last 10% of training episodes (raw rewards, before any reward "
+             "normalisation), the authors' protocol; then mean ± SE over seeds.",
+             "Normalised: each task's scores mapped to [0, 1] by the lowest and highest run of that task, algorithm and "
+             "buffer size among the activations compared; IQM and mean by rliable with stratified-bootstrap CIs."]
+    return publish_study(out, "MuJoCo: PPO and SAC", tables, dict(sections), notes, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
