@@ -6,11 +6,11 @@
 # GPU), with memory per member and the paper's Atari DQN study's projected hours at the best rate; the same for
 # Rainbow at P = 1, 4 and 16; extra FLAGS go to the bench (e.g. --act relu). Then the study's plan on this machine
 # (agents/grids/atari_study.yml, --dry-run, --workers 4: populations, memory, hours from each population's step
-# timed here). Each step has a time limit (seconds: BENCH_S, default 120; PLAN_S, 90) and a step that fails or runs
-# out is reported and the next one runs; PLAN_S=0 skips the plan. With .venv/bin/python if there is one (else python3), from the repository
-# root; DEVICE=cpu rehearses it on the CPU (SIZES, RAINBOW_SIZES, STEPS: default 300). The output also goes to
-# ${OUT:-.}/atari_population_device_bench.txt and the bench's rows to ${OUT:-.}/atari_population_device_bench.json
-# (Rainbow: atari_population_device_bench_rainbow.json).
+# timed here). Each step has a time limit (seconds: BENCH_S, default 120; PLAN_S, 90) and a step that fails or
+# runs out is reported and the next one runs; PLAN_S=0 skips the plan. With .venv/bin/python if there is one (else
+# python3), from the repository root; DEVICE=cpu rehearses it on the CPU (SIZES, RAINBOW_SIZES, STEPS: default
+# 300). The output also goes to ${OUT:-.}/atari_population_device_bench.txt and the bench's rows to
+# ${OUT:-.}/atari_population_device_bench.json (Rainbow: atari_population_device_bench_rainbow.json).
 set -uo pipefail
 
 mkdir -p "${OUT:-.}"
