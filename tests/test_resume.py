@@ -57,6 +57,12 @@ ALGOS = {
     "atari-rainbow": ["rainbow", "--env", "ALE/Breakout-v5", "--steps", "600", "--set", "learning_starts=100",
                       "--set", "buffer_size=400", "--probe", "gradcov", "--probe-every", "300",
                       "--checkpoint-every", "150", "--threads", "1"],
+    # MuJoCo with the paper's settings: PPO's observation and reward normalisation statistics (Elephant); SAC's FTA
+    # on the last hidden layer only, its float64 observations and the gradient covariance of actor and critic
+    "mujoco-ppo": ["ppo", "--env", "Hopper-v4", "--hidden", "16", "--steps", "1024", "--set", "n_steps=128",
+                   "--set", "n_epochs=2", "--probe", "gradcov", "--probe-every", "300", "--checkpoint-every", "256"],
+    "mujoco-sac": ["sac", "--env", "Hopper-v4", "--act", "fta", "--hidden", "16,16", "--steps", "600", "--set",
+                   "learning_starts=100", "--probe", "gradcov", "--probe-every", "200", "--checkpoint-every", "150"],
 }
 _seeded = random.Random(13)
 #: scenario -> how the first attempt dies: a kill point (NAME:N), a seeded SIGKILL delay, or SIGTERM after a delay
@@ -71,6 +77,8 @@ SCENARIOS = {
     "atari-dqn": {"mid-checkpoint": "checkpoint.mid_write:2", "after-rename": "checkpoint.after_rename:2"},
     "atari-rainbow": {"after-rename": "checkpoint.after_rename:3"},
     "atari-vector-dqn": {"mid-checkpoint": "checkpoint.mid_write:2", "after-rename": "checkpoint.after_rename:3"},
+    "mujoco-ppo": {"after-rename": "checkpoint.after_rename:2"},
+    "mujoco-sac": {"after-rename": "checkpoint.after_rename:2"},
 }
 
 
@@ -189,10 +197,10 @@ def batches(tmp_path_factory):
     return get
 
 
-#: the PPO, Rainbow and Atari scenarios (rollouts, sum tree and noise, ALE state, frame buffer chunks) run in
+#: the PPO, Rainbow, Atari and MuJoCo scenarios (rollouts, sum tree and noise, ALE state, frame buffer chunks) run in
 #: .ci/run's step of long tests (pytest -m long), apart from the default run's 10 minutes, as do the grid's and
 #: VecNormalize's scenarios below; the default run keeps DQN's six
-LONG = {"ppo", "rainbow", "atari-dqn", "atari-rainbow", "atari-vector-dqn"}
+LONG = {"ppo", "rainbow", "atari-dqn", "atari-rainbow", "atari-vector-dqn", "mujoco-ppo", "mujoco-sac"}
 
 
 @pytest.mark.parametrize("algo, scenario", [pytest.param(a, s, marks=[pytest.mark.long] if a in LONG else [])
@@ -272,6 +280,33 @@ def test_an_env_checkpoints_cannot_hold_is_refused_with_the_way_out():
 
     with pytest.raises(CheckpointError, match="--checkpoint-every 0"):
         check_picklable(Emulator(), "MyEnv-v0")
+
+
+def test_an_env_that_would_pickle_as_a_fresh_one_is_refused_and_mujoco_carries_its_simulation():
+    """Gymnasium's EzPickle envs (MuJoCo, ALE, Box2D) unpickle as new envs; without a wrapper carrying their state
+    a checkpoint would restart them silently. MuJoCo's, as make_env builds it, continues exactly."""
+    import pickle
+
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from agents.rl.checkpoint import CheckpointError, check_picklable
+    from agents.rl.envs import make_env
+
+    with pytest.raises(CheckpointError, match="EzPickle.*--checkpoint-every 0"):
+        check_picklable(make_vec_env("Hopper-v4", n_envs=1, seed=0), "Hopper-v4")
+    env = make_env("Hopper-v4", seed=0)
+    check_picklable(env, "Hopper-v4")
+    env.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        env.step(rng.uniform(-1, 1, (1, 3)))
+    copy = pickle.loads(pickle.dumps(env.envs[0]))
+    for _ in range(400):  # past episode ends: the reset noise comes from the env's np_random
+        action = rng.uniform(-1, 1, 3)
+        a, b = env.envs[0].step(action), copy.step(action)
+        assert np.array_equal(a[0], b[0]) and a[1:4] == b[1:4]
+        if a[2] or a[3]:
+            assert np.array_equal(env.envs[0].reset()[0], copy.reset()[0])
 
 
 @pytest.mark.long

@@ -342,6 +342,10 @@ def test_each_algorithm_is_declared_once_with_a_complete_schema():
 @pytest.mark.parametrize("args", [
     ["ppo", "--env", "CartPole-v1", "--hidden", "32", "--set", "n_steps=64", "--batch-size", "32"],
     ["sac", "--env", "Pendulum-v1", "--hidden", "32,32", "--set", "learning_starts=50", "--batch-size", "32"],
+    # MuJoCo with the paper's settings (PPO: normalised observations and rewards; SAC: FTA on the last layer only)
+    ["ppo", "--env", "Hopper-v4", "--hidden", "32", "--set", "n_steps=64", "--batch-size", "32"],
+    ["sac", "--env", "Hopper-v4", "--act", "fta", "--hidden", "32,32", "--set", "learning_starts=50", "--batch-size",
+     "32"],
 ])
 def test_ppo_and_sac_divergence_ends_the_run_like_dqn(tmp_path, capsys, args):
     """A huge learning rate: SB3 raises inside a torch distribution (NaN or overflowing outputs); the run ends as

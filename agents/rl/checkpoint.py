@@ -8,9 +8,10 @@ A checkpoint (``RUN_DIR/checkpoint.pkl``, one pickle) holds everything that deci
 * the replay buffer (off-policy; PPO's rollout buffer is refilled at every rollout and is not needed); the frames
   of a :class:`~agents.rl.frame_buffer.FrameReplayBuffer` go to chunk files in ``RUN_DIR/replay/`` instead, each
   checkpoint writing only the frames added since the one before (a 7 GB Atari buffer is not rewritten every time);
-* the environment, pickled whole: each env's state and ``np_random`` (ALE's emulator state with its RNG), time
-  limits, monitors, Atari wrappers, frame stacks, and ``VecNormalize``'s observation/reward statistics and running
-  returns;
+* the environment, pickled whole: each env's state and ``np_random`` (ALE's emulator state with its RNG, MuJoCo's
+  integration state), time limits, monitors, Atari wrappers, frame stacks, and ``VecNormalize``'s
+  observation/reward statistics and running returns (an env that would pickle as a fresh one, gymnasium's
+  ``EzPickle`` without a wrapper carrying its state, is refused);
 * the RNG states: torch (CPU and CUDA), numpy's and Python's global generators, the action and observation
   spaces' generators;
 * the run log's state: record counts per series, each probe's cadence, the probe RNG and fixed probe inputs, the
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -121,9 +123,29 @@ def _env_state(env: VecEnv) -> dict[str, Any]:
     (SB3's wrappers keep ``class_attributes``, which holds unpicklable ABC data, and ``VecNormalize`` pickles
     without its inner env and running returns), then the innermost ``VecEnv`` pickled whole."""
     chain = _chain(env)
+    for sub in getattr(chain[-1], "envs", []):
+        _check_state_travels(sub)
     wrappers = [(type(w), {k: v for k, v in vars(w).items() if k not in ("venv", "class_attributes")})
                 for w in chain[:-1]]
     return {"wrappers": wrappers, "base": chain[-1]}
+
+
+def _check_state_travels(env: Any) -> None:
+    """TypeError if pickling ``env`` would lose its state: gymnasium's ``EzPickle`` envs (MuJoCo, ALE, Box2D) pickle
+    as their constructor arguments, a fresh env, unless a wrapper carries their state (:class:`PicklableEmulator`,
+    :class:`PicklableSimulation`)."""
+    from gymnasium.utils import EzPickle
+
+    from .envs import PicklableEmulator, PicklableSimulation
+
+    layer = env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer, (PicklableEmulator, PicklableSimulation)):
+            return
+        layer = layer.env
+    if isinstance(layer, EzPickle):
+        raise TypeError(f"{type(layer).__name__} pickles as its constructor arguments (gymnasium's EzPickle), which "
+                        "would restart it: its state cannot travel in a checkpoint")
 
 
 def _restore_env(state: Mapping[str, Any]) -> VecEnv:

@@ -26,6 +26,7 @@ from typing import Any
 
 import ale_py
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.atari_wrappers import AtariWrapper
 from stable_baselines3.common.env_util import make_vec_env
@@ -36,7 +37,7 @@ import agents.envs  # noqa: F401  (registers Catcher-PLE-v0 and Pixelcopter-PLE-
 
 gym.register_envs(ale_py)
 
-__all__ = ["is_atari", "is_minatar", "check_env_id", "make_env", "env_spaces", "ale_vector_refusal", "MINATAR_MISSING"]
+__all__ = ["is_atari", "is_minatar", "is_mujoco", "check_env_id", "make_env", "env_spaces", "ale_vector_refusal", "MINATAR_MISSING"]
 
 MINATAR_MISSING = "MinAtar is not installed: pip install -e '.[minatar]' (PyPI package minatar)"
 
@@ -121,6 +122,42 @@ def _atari_wrappers(env: gym.Env, **kwargs: Any) -> gym.Env:
     return PicklableEmulator(AtariWrapper(env, **kwargs))
 
 
+class PicklableSimulation(gym.Wrapper):
+    """Carries a MuJoCo env's simulation through pickling, for checkpoints: gymnasium's MuJoCo envs pickle as new
+    envs made from their constructor arguments (``EzPickle``: a fresh simulation, a fresh ``np_random``). This keeps
+    MuJoCo's whole integration state (``mj_getState`` with ``mjSTATE_INTEGRATION``: time, positions, velocities,
+    actuator activations, controls, the solver's warm start) and the env's ``np_random`` (which draws the reset
+    noise). Outermost of the env's wrappers."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        import mujoco
+
+        sim = self.unwrapped
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        state = np.empty(mujoco.mj_stateSize(sim.model, spec))
+        mujoco.mj_getState(sim.model, sim.data, state, spec)
+        return {**vars(self), "_simulation": state, "_np_random": sim.np_random}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import mujoco
+
+        state = dict(state)
+        simulation, rng = state.pop("_simulation"), state.pop("_np_random")
+        vars(self).update(state)
+        sim = self.unwrapped
+        mujoco.mj_setState(sim.model, sim.data, simulation, mujoco.mjtState.mjSTATE_INTEGRATION)
+        sim.np_random = rng
+
+
+def is_mujoco(env_id: str) -> bool:
+    """Whether ``env_id`` is one of gymnasium's MuJoCo envs."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return False
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
 def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwargs: Mapping[str, Any] | None = None,
              max_episode_steps: int | None = None, frame_stack: int = 4,
              atari_wrapper_kwargs: Mapping[str, Any] | None = None, atari_env: str = "sb3",
@@ -142,6 +179,8 @@ def make_env(env_id: str, *, n_envs: int = 1, seed: int | None = None, env_kwarg
         venv = make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=_atari_env_kwargs(env_id, kwargs),
                             wrapper_class=_atari_wrappers, wrapper_kwargs=dict(atari_wrapper_kwargs or {}))
         return VecFrameStack(venv, n_stack=frame_stack) if frame_stack and frame_stack > 1 else venv
+    if is_mujoco(env_id):
+        return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=kwargs, wrapper_class=PicklableSimulation)
     return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=kwargs)
 
 
