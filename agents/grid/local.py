@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from multiprocessing import get_context
+from typing import Any
 
 from ..signals import STOP_SIGNALS
 from .drive import Outcome, _drive, _outcomes, _Stop
@@ -22,10 +24,16 @@ POOL_BROKEN = ("a worker of the pool died (killed, or out of memory), and the po
                "workers with it; --resume continues each from its last checkpoint")
 
 
+#: seconds the grid waits for its workers to start before it goes on regardless (a worker that cannot start breaks
+#: the pool, which the grid reports)
+START_WAIT_S = 300.0
+
+
 def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[[Outcome], None]) -> None:
-    stop.event = get_context("spawn").Event()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=_init_worker, initargs=(os.getpid(), stop.event)) as pool:
+    spawn = get_context("spawn")
+    stop.event, started = spawn.Event(), spawn.Semaphore(0)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker,
+                             initargs=(os.getpid(), stop.event, started)) as pool:
         # every worker started now, before the pool's manager thread: a worker spawned on demand by a later submit
         # may start after that thread began waiting on the workers it knew (submit wakes it first, then spawns),
         # and if that worker is killed the pool never notices and waits forever (CPython 3.11's
@@ -48,7 +56,28 @@ def _run_pool(work: Sequence[Task], workers: int, stop: _Stop, record: Callable[
             with _spawning():
                 return pool.submit(run_task, task)
 
-        _drive(work, workers, start, wait_some, stop, record)
+        try:
+            _drive(work, workers, start, wait_some, stop, record)
+        finally:
+            # before the pool shuts down: every worker started (a worker still unpickling its start-up state when
+            # the pool goes finds its semaphores removed and prints a traceback), and the pool's manager thread
+            # running, which tells the workers to exit (with no task ever submitted, as after an early Ctrl-C,
+            # nothing would, and the interpreter's exit would wait for them forever)
+            _await_start(started, pool, workers)
+            if pool._executor_manager_thread is None:
+                pool._start_executor_manager_thread()
+
+
+def _await_start(started: Any, pool: ProcessPoolExecutor, workers: int) -> None:
+    """Wait until ``workers`` pool workers have run their initializer (each releases ``started``), a worker has
+    died, or :data:`START_WAIT_S` has passed."""
+    deadline = time.monotonic() + START_WAIT_S
+    waiting = workers
+    while waiting and time.monotonic() < deadline:
+        if started.acquire(timeout=0.2):
+            waiting -= 1
+        elif any(p.exitcode is not None for p in list((pool._processes or {}).values())):
+            return
 
 
 @contextmanager

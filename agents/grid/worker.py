@@ -34,18 +34,21 @@ class _NotStarted(Exception):
     """The grid stopped before a worker began this task: it is left as not started."""
 
 
-def _init_worker(parent: int, stopped: Any) -> None:
+def _init_worker(parent: int, stopped: Any, started: Any = None) -> None:
     """Pool worker initializer: ignore stop signals between runs (a worker stopped between runs could hold the
     pool's queue lock and hang the others; the pool ends idle workers with a message on that queue, not a signal),
     and watch the grid process: see :func:`_watch_parent`. The worker starts with stop signals blocked
     (:func:`agents.grid.local._spawning`): a Ctrl-C during its start-up is dropped here, not a KeyboardInterrupt in
-    its imports; the grid's ``stopped`` event then keeps it from starting a task."""
+    its imports; the grid's ``stopped`` event then keeps it from starting a task. Last it releases ``started``: the
+    grid waits for every worker's start before it may shut the pool down."""
     global _GRID_STOPPED
     _GRID_STOPPED = stopped
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="watch-grid").start()
+    if started is not None:
+        started.release()
 
 
 def _watch_parent(parent: int, poll_s: float = 0.5) -> None:
