@@ -294,6 +294,11 @@ def test_an_env_that_would_pickle_as_a_fresh_one_is_refused_and_mujoco_carries_i
 
     with pytest.raises(CheckpointError, match="EzPickle.*--checkpoint-every 0"):
         check_picklable(make_vec_env("Hopper-v4", n_envs=1, seed=0), "Hopper-v4")
+    from agents.rl.checkpoint import _restore_env
+
+    written_before = pickle.loads(pickle.dumps({"wrappers": [], "base": make_vec_env("Hopper-v4", n_envs=1, seed=0)}))
+    with pytest.raises(CheckpointError, match="did not keep its environment's state"):  # (an older checkpoint's env)
+        _restore_env(written_before)
     env = make_env("Hopper-v4", seed=0)
     check_picklable(env, "Hopper-v4")
     env.reset()

@@ -150,12 +150,24 @@ def _check_state_travels(env: Any) -> None:
 
 def _restore_env(state: Mapping[str, Any]) -> VecEnv:
     if "env" in state:  # version 1
-        return state["env"]
-    if "normalize" in state:  # version 1
+        env = state["env"]
+    elif "normalize" in state:  # version 1
         env = state["normalize"]
         env.set_venv(state["venv"])
         env.returns = state["returns"]  # set_venv zeroes the discounted returns the reward scale is updated with
-        return env
+    else:
+        env = _rewrap(state)
+    for sub in getattr(_chain(env)[-1], "envs", []):  # a checkpoint written before an env's state travelled in it
+        try:
+            _check_state_travels(sub)
+        except TypeError as err:
+            raise CheckpointError(f"the checkpoint did not keep its environment's state ({err}); delete it to start "
+                                  "the run afresh") from None
+    return env
+
+
+def _rewrap(state: Mapping[str, Any]) -> VecEnv:
+    """The env of :func:`_env_state`: its innermost ``VecEnv``, wrapped again in its chain."""
     env = state["base"]
     for cls, attributes in reversed(state["wrappers"]):
         wrapper = cls.__new__(cls)
