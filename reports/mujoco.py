@@ -33,7 +33,7 @@ from runlog import Run
 from .cli import open_study, publish_study
 from .data import config_key, final_return, finished, format_mean_sem, learning_curve, mean_sem, summary_mean
 from .html import Table
-from .plots import activation_color, mean_curves, save
+from .plots import activation_color, buffer_axes, buffer_line, mean_curves, save
 
 __all__ = ["Group", "groups", "TASKS", "task_of", "buffer_figure", "normalised_aggregates", "elephant_against", "main"]
 
@@ -102,15 +102,10 @@ def buffer_figure(found: Sequence[Group], algo: str) -> Figure | None:
     fig = Figure(figsize=(4.5 * len(envs), 3.6), layout="constrained")
     for ax, env in zip(fig.subplots(1, len(envs), squeeze=False)[0], envs):
         for act in sorted({g.act for g in by_env[env]}):
-            pts = sorted((g.buffer_size, *mean_sem(g.scores()), len(g.runs)) for g in by_env[env] if g.act == act)
-            x, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
-            ax.plot(x, m, marker="o", color=activation_color(act), label=f"{act} (n={int(n.min())})")
-            ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=activation_color(act), alpha=0.2)
-        ax.set_xscale("log")
-        ax.set_xlabel("replay buffer size (transitions)")
-        ax.set_ylabel("return (last 10% of training episodes)")
-        ax.set_title(f"{algo.upper()} on {env}: mean ± SE over seeds", fontsize=10)
-        ax.legend(fontsize=7)
+            line = [g for g in by_env[env] if g.act == act]
+            buffer_line(ax, [(g.buffer_size, *mean_sem(g.scores())) for g in line], activation_color(act),
+                        f"{act} (n={min(len(g.runs) for g in line)})")
+        buffer_axes(ax, "return (last 10% of training episodes)", f"{algo.upper()} on {env}: mean ± SE over seeds")
     return fig
 
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from .data import CurrentNTK, Curve, DistanceCurve, Record, Series, ntk_matrix
 from .labels import mean_se_over
 
-__all__ = ["ntk_distance", "GRADCOV_CMAP", "GRADCOV_CLIM", "ACTIVATION_COLORS", "activation_color", "group_colors", "heatmap_scale",
+__all__ = ["buffer_line", "buffer_axes", "ntk_distance", "GRADCOV_CMAP", "GRADCOV_CLIM", "ACTIVATION_COLORS", "activation_color", "group_colors", "heatmap_scale",
            "save", "mean_curves", "gradcov_heatmaps", "ntk_matrices",
            "ntk_vectors", "layer_series", "layer_ranges", "heatmaps"]
 
@@ -263,3 +263,19 @@ def layer_ranges(series: Mapping[str, Series], layers: Sequence[str], title: str
     if title:
         fig.suptitle(title)
     return fig
+
+
+def buffer_line(ax, points: Sequence[tuple[float, float, float]], color: str, label: str) -> None:
+    """One line of a buffer-size figure: ``points`` (buffer size, mean, SE), shaded ± SE (a missing SE: none)."""
+    x, m, s = (np.array(v, dtype=float) for v in zip(*sorted(points)))
+    ax.plot(x, m, marker="o", color=color, label=label)
+    ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=color, alpha=0.2)
+
+
+def buffer_axes(ax, ylabel: str, title: str) -> None:
+    """A buffer-size panel's axes: buffer size on a log scale, ``ylabel``, ``title``, the legend."""
+    ax.set_xscale("log")
+    ax.set_xlabel("replay buffer size (transitions)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)

@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..labels import mean_se_over
-from ..plots import activation_color, group_colors
+from ..plots import activation_color, buffer_axes, buffer_line, group_colors
 from .data import ClassicRow
 from .scores import Aggregate, Profiles
 
@@ -31,16 +31,11 @@ def buffer_figure(rows: Sequence[ClassicRow]) -> Figure:
         labels = list(dict.fromkeys(map(_line_label, here)))
         colors = group_colors({label: next(r.act for r in here if _line_label(r) == label) for label in labels})
         for label in labels:
-            pts = sorted((r.buffer_size, r.mean, r.sem, r.n_seeds) for r in here if _line_label(r) == label)
-            x, m, s, n = (np.array(v, dtype=float) for v in zip(*pts))
-            n_lrs = min(len(r.selectable_lrs) for r in here if _line_label(r) == label)
-            ax.plot(x, m, marker="o", color=colors[label], label=f"{label} (n={int(n.min())}, {n_lrs} lrs)")
-            ax.fill_between(x, m - np.nan_to_num(s), m + np.nan_to_num(s), color=colors[label], alpha=0.2)
-        ax.set_xscale("log")
-        ax.set_xlabel("replay buffer size (transitions)")
-        ax.set_ylabel("final return (last 10% of episodes)")
-        ax.set_title(f"{env}: {mean_se_over(r.n_seeds for r in here)}", fontsize=10)
-        ax.legend(fontsize=7)
+            line = [r for r in here if _line_label(r) == label]
+            n, n_lrs = min(r.n_seeds for r in line), min(len(r.selectable_lrs) for r in line)
+            buffer_line(ax, [(r.buffer_size, r.mean, r.sem) for r in line], colors[label],
+                        f"{label} (n={n}, {n_lrs} lrs)")
+        buffer_axes(ax, "final return (last 10% of episodes)", f"{env}: {mean_se_over(r.n_seeds for r in here)}")
     return fig
 
 
