@@ -138,6 +138,8 @@ def test_bad_actions_and_seeds_are_refused_in_one_line():
             games.step(np.array(bad))
     with pytest.raises(ValueError, match="needs a list of at least one seed"):
         AtariGames("breakout", [], train=True)
+    with pytest.raises(ValueError, match="reseed_every must be at least 1 step, got 0"):
+        AtariGames("breakout", [0], train=True, reseed_every=0)
 
 
 def test_the_settings_are_the_authors_envpool_settings():

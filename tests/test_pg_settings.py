@@ -83,3 +83,7 @@ def test_act_layers_is_refused_where_it_cannot_hold():
         resolve("sac", {"env": "Hopper-v4", "act": "fta", "match_width": True})
     with pytest.raises(ConfigError, match="unknown dqn settings"):
         resolve("dqn", {"env": "CartPole-v1", "set": ["act_layers=last"]})
+    from agents.rl.policies import act_blocks
+
+    with pytest.raises(ValueError, match="act_layers must be one of all, last, got 'first'"):
+        act_blocks(4, [8, 8], "fta", {"k": 4, "bound": 2}, act_layers="first")

@@ -100,6 +100,8 @@ class AtariGames:
         self.n = len(self.seeds)
         if self.seeds.ndim != 1 or self.n < 1:
             raise ValueError(f"AtariGames needs a list of at least one seed (one per env), got {seeds!r}")
+        if self.reseed_every < 1:
+            raise ValueError(f"reseed_every must be at least 1 step, got {reseed_every!r}")
         self.games = np.zeros(self.n, dtype=np.int64)  # games started per env
         self.seeded_game = np.zeros(self.n, dtype=np.int64)  # the number of each env's last seeded game
         self.seeded_window = np.zeros(self.n, dtype=np.int64)  # steps // reseed_every at each env's last seeded start

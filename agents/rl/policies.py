@@ -57,8 +57,6 @@ def _spec(activation: str, act_kwargs: Mapping[str, Any] | None, layer_norm: boo
     spec = {"activation": activation_spec(activation).name, "act_kwargs": dict(act_kwargs or {}),
             "layer_norm": layer_norm, "sigma_bias": sigma_bias}
     if act_layers is not None:
-        if act_layers not in ACT_LAYERS:
-            raise ValueError(f"act_layers must be one of {', '.join(ACT_LAYERS)}, got {act_layers!r}")
         spec["act_layers"] = act_layers
     return spec
 
@@ -70,6 +68,8 @@ def act_blocks(in_features: int, widths: Sequence[int], activation: str = "relu"
     before the last are ``Linear(w) -> ReLU`` with zero biases); returns the modules and the width the last block
     outputs (Maxout divides by ``k``, FTA multiplies by ``k``). Hidden Linears with spread biases are tagged for
     :func:`reapply_spread_bias`."""
+    if act_layers not in ACT_LAYERS:
+        raise ValueError(f"act_layers must be one of {', '.join(ACT_LAYERS)}, got {act_layers!r}")
     layers: list[nn.Module] = []
     width = int(in_features)
     spread = activation_spec(activation).sigma_bias if sigma_bias is None else sigma_bias
