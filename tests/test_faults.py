@@ -528,6 +528,38 @@ def test_a_full_disk_while_a_population_checkpoints_stops_it_and_the_last_checkp
     assert all(finished(read_run(log)) for log in logs)
 
 
+@pytest.mark.long
+@pytest.mark.parametrize("seeds", ["0", "0-1"])
+def test_a_full_disk_while_atari_replay_frames_are_written_stops_the_run_and_the_last_checkpoint_resumes(
+        tmp_path, failwrite, seeds):
+    """Atari DQN on the frame replay, a single run (``--seeds 0``) and a population of two (``0-1``): the disk fills
+    while the second checkpoint writes its replay chunk files. Exit status 4 with the OS's words in one line, no torn
+    chunk or checkpoint file, the first checkpoint and the chunks it names intact; ``--resume`` (space freed)
+    continues from the first checkpoint to the end."""
+    from agents.errors import EXIT_IO
+    from reports.data import finished
+
+    members = 2 if "-" in seeds else 1
+    args = [sys.executable, "-m", "agents.train", "dqn", "--env", "ALE/Breakout-v5", "--act", "relu", "--seeds",
+            seeds, "--steps", "1200", "--set", "atari_env=ale-vector", "--set", "max_episode_steps=300", "--set",
+            "buffer_size=2000", "--checkpoint-every", "400", "--no-progress", "--out", str(tmp_path)]
+    frames = 400 * 84 * 84 * members  # (about what each checkpoint's chunks hold: a frame per step, a few more)
+    env = {**ENV, "LD_PRELOAD": str(failwrite), "FAILWRITE_PATH": "replay/frames-", "FAILWRITE_ERRNO": "28",
+           "FAILWRITE_MODE": "full", "FAILWRITE_AFTER": str(int(1.5 * frames))}
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_IO, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "(No space left on device); the disk may be full" in last and "Traceback" not in proc.stderr, last
+    assert not list(tmp_path.rglob("*.tmp"))
+    chunks = sorted(tmp_path.rglob("replay/frames-*.npy"))
+    assert len(chunks) >= members and all(c.name.startswith("frames-000000000000-") for c in chunks[:members])
+    resumed = subprocess.run([*args, "--resume"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 400" in resumed.stderr, resumed.stderr[-3000:]
+    logs = sorted(tmp_path.rglob("run.h5"))
+    assert len(logs) == members and all(finished(read_run(log)) for log in logs)
+
+
 def _killed_dqn_run(out: Path) -> Path:
     """The folder of a DQN run killed right after its second checkpoint (a checkpoint and a log to resume)."""
     from runlog.failpoints import ENV as KILL_AT

@@ -318,11 +318,15 @@ class FrameReplayBuffer(BaseBuffer):
             name = f"frames-{first:012d}-{self.frames_written:012d}.npy"
             slots = np.arange(first, self.frames_written) % self.n_frames
             tmp = folder / (name + ".tmp")
-            with open(tmp, "wb") as f:
-                np.save(f, self.frames[slots])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, folder / name)
+            try:
+                with open(tmp, "wb") as f:
+                    _write_npy(f, self.frames[slots])
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, folder / name)
+            except BaseException:  # (a full disk: no torn chunk left behind; the last checkpoint's chunks stand)
+                tmp.unlink(missing_ok=True)
+                raise
             self._saved_upto = self.frames_written
         return [n for n, (lo, hi) in _chunks(folder) if hi > alive_from and lo < self.frames_written]
 
@@ -350,6 +354,14 @@ class FrameReplayBuffer(BaseBuffer):
         if covered < self.frames_written:
             raise OSError(f"{folder}: the replay chunks cover frames up to {covered}, the buffer needs "
                           f"{alive_from}..{self.frames_written}")
+
+
+def _write_npy(f: Any, array: np.ndarray) -> None:
+    """``np.save(f, array)`` through the file object's own ``write``: a full disk then raises ``OSError`` with its
+    errno (``np.save`` writes a real file with C's ``fwrite`` and reports only a short count)."""
+    array = np.ascontiguousarray(array)
+    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+    f.write(array.data)
 
 
 def _chunk_range(name: str) -> tuple[int, int]:
