@@ -115,12 +115,13 @@ class Population(Protocol):
     """A learner's engine for training several of its runs together, in one process (a command that has one sets
     its ``population`` attribute to it; the CLI's ``--seeds`` and grids with ``engine: population`` use it)."""
 
-    #: the config keys the runs of one population may differ in
-    member_keys: tuple[str, ...]
+    def group(self, config: Mapping[str, Any]) -> str:
+        """What the runs of one population share: runs whose configs give equal strings may train together (the
+        config but the keys its members may differ in)."""
 
     def refusal(self, configs: Sequence[Mapping[str, Any]]) -> str | None:
         """Why these runs cannot train as one population (a setting or env the engine does not take, configs
-        differing beyond :attr:`member_keys`), or None."""
+        differing beyond what :meth:`group` allows), or None."""
 
     def train(self, runs: Sequence[RunFolder], out: Path) -> list[dict[str, Any]]:
         """Train ``runs`` (locked; ``resume`` on all or none) as one population whose checkpoint lies under ``out``;

@@ -27,8 +27,8 @@ def _fresh(monkeypatch):
 def test_the_estimate_applies_the_timed_steps_to_the_runs_schedule(monkeypatch):
     timed = []
 
-    def fake(config, members, implementation, device):
-        timed.append((len(members), implementation, config["learning_starts"]))
+    def fake(configs, members, implementation, device):
+        timed.append((len(members), implementation, configs[0]["learning_starts"]))
         return (1e-3, 1e-2) if implementation == "device" else (1e-3, 2.5e-3)
 
     monkeypatch.setattr(timing, "step_seconds", fake)
@@ -45,7 +45,7 @@ def test_the_estimate_applies_the_timed_steps_to_the_runs_schedule(monkeypatch):
 
 
 def test_a_compiled_step_that_fails_to_compile_is_estimated_by_its_eager_twin(monkeypatch):
-    def fake(config, members, implementation, device):
+    def fake(configs, members, implementation, device):
         if implementation == "device-compiled":
             raise RuntimeError("implementation 'device-compiled': torch.compile failed")
         return 1e-3, 1e-2
@@ -60,7 +60,7 @@ def test_timing_a_real_population_leaves_the_threads_as_they_were():
     threads = torch.get_num_threads()
     members = [Member(0, 1e-3, 100), Member(1, 3e-4, 100)]
     for implementation in ("device", "batched"):
-        random_s, full_s = timing.step_seconds(_configs(members)[0], members, implementation, "cpu")
+        random_s, full_s = timing.step_seconds(_configs(members), members, implementation, "cpu")
         assert np.isfinite([random_s, full_s]).all() and random_s > 0 and full_s > 0
     assert torch.get_num_threads() == threads
 
@@ -69,7 +69,7 @@ def test_a_long_grids_plan_says_how_long_it_will_take(tmp_path, monkeypatch):
     from agents.grid import plan, tasks
     from agents.grid import cli
 
-    monkeypatch.setattr(timing, "step_seconds", lambda config, members, implementation, device: (0.0, 3600 / 99_000))
+    monkeypatch.setattr(timing, "step_seconds", lambda configs, members, implementation, device: (0.0, 3600 / 99_000))
     spec = {"command": "dqn", "engine": "population", "population_size": 1,
             "fixed": {"env": "MountainCar-v0", "hidden": 16, "steps": 100_000, "progress": False},
             "grids": [{"act": ["relu"], "seed": [0, 1]}]}  # two populations, each 99,000 steps past learning_starts

@@ -30,8 +30,9 @@ SIGTERM does the same (exit status 143). With ``--workers`` 2 or more, a signal 
 
 ``engine: population`` (commands with a population engine, :class:`agents.commands.Population`: ``dqn``;
 optionally ``population_size: N``, the most members per population, or ``auto``: as many as the engine's capacity
-on the device, for dqn what its memory holds and on a CPU at most 64) trains the runs whose configs differ only in
-the engine's member keys (for dqn: seed, learning rate, buffer size and epsilon schedule) together, in as few
+on the device, for dqn what its memory holds and on a CPU at most 64) trains the runs its engine groups together
+(for dqn: runs that differ only in seed, learning rate, buffer size and epsilon schedule, and on Atari also in
+their activation: sub-populations per network, :mod:`agents.population.atari_groups`) together, in as few
 populations as that allows, of sizes differing by at most one, each in one process: each member's run folder is the one the run would have alone, with the same ``DONE.json``; a
 population stopped or killed continues from its checkpoint with ``--resume``.
 

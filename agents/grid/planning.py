@@ -23,11 +23,10 @@ from .spec import expand
 @dataclass(frozen=True)
 class PopulationEngine:
     """A grid's ``engine: population``: its runs train as members of populations (at most ``size`` members each;
-    None: no limit; the command's :class:`agents.commands.Population`, whose runs may differ in ``member_keys``)
+    None: no limit; the command's :class:`agents.commands.Population` says which runs may share one: its ``group``)
     whose run folders lie under ``out``, the grid's root folder."""
 
     out: Path
-    member_keys: tuple[str, ...]
     size: int | None = None
     by_memory: bool = False  # population_size: auto: as many members as the engine's capacity on the device
 
@@ -106,17 +105,17 @@ def _population_engine(spec: Mapping[str, Any], command: str, out: Path) -> Popu
         raise ConfigError(f"engine: population trains runs of {', '.join(having)} only, not {command}; leave engine "
                           f"out for {command}")
     if size == "auto":
-        return PopulationEngine(out, tuple(members.member_keys), None, by_memory=True)
+        return PopulationEngine(out, None, by_memory=True)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ConfigError(f"population_size must be a positive integer (the most members per population) or auto "
                           f"(as many as the device holds), got {size!r}")
-    return PopulationEngine(out, tuple(members.member_keys), size)
+    return PopulationEngine(out, size)
 
 
 @dataclass(frozen=True)
 class PopulationTask:
-    """Unfinished runs of an ``engine: population`` grid trained as one population: runs whose configs differ only
-    in their population engine's member keys."""
+    """Unfinished runs of an ``engine: population`` grid trained as one population: runs their population engine
+    groups together (:meth:`agents.commands.Population.group`)."""
 
     runs: tuple[GridRun, ...]
     out: Path
@@ -136,16 +135,17 @@ def _runs(task: Task) -> tuple[GridRun, ...]:
 
 
 def tasks(runs: Sequence[GridRun]) -> list[Task]:
-    """``runs`` as tasks, in order: the runs of an ``engine: population`` grid whose configs differ only in their
-    engine's member keys form population tasks (as few as hold them: of at most ``population_size`` members, or for
+    """``runs`` as tasks, in order: the runs of an ``engine: population`` grid that their engine groups together
+    (:meth:`agents.commands.Population.group`) form population tasks (as few as hold them: of at most ``population_size`` members, or for
     ``auto`` as many as the engine's capacity on the device allows, their sizes differing by at most one), any other
     run is a task.
     Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
     are now): a checkpoint all of whose members are still to do is resumed, not orphaned."""
 
     def shared(run: GridRun) -> str:
-        keys = (*run.population.member_keys, "derived") if run.population is not None else ()
-        return json.dumps({k: v for k, v in run.config.items() if k not in keys}, sort_keys=True, default=str)
+        if run.population is None:
+            return json.dumps(run.config, sort_keys=True, default=str)
+        return population(get_command(run.command)).group(run.config)
 
     out: list[GridRun | list[GridRun]] = _checkpointed(runs, shared)
     claimed = {r.run_dir for group in out for r in group}
@@ -168,7 +168,7 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
 
 
 def _chunks(kind: Sequence[GridRun]) -> list[Sequence[GridRun]]:
-    """Runs of one kind (their configs differ only in member keys) split into as few populations as their limit
+    """Runs of one kind (one group of their engine) split into as few populations as their limit
     allows (``population_size``, or for ``auto`` the engine's :meth:`~agents.commands.Population.capacity`), their
     sizes differing by at most one (a compiled step compiles for two shapes at most)."""
     engine = kind[0].population

@@ -49,6 +49,7 @@ from torch.nn import functional as F
 
 from agents.rl.ale_vector import AtariGames, AtariGamesVecEnv, game_name
 from agents.rl.envs import is_atari
+from agents.rl.evaluation import evaluate_games
 from agents.rl.frame_buffer import FrameReplayBuffer
 
 from . import atari_rainbow as rainbow
@@ -162,12 +163,14 @@ class AtariPopulation:
     ``nets``: initial Q-networks per member (DQN; default :func:`member_q_net`; float64 ones for the twin tests);
     ``draws``: the members' randomness (default :class:`SingleRunDraws`); ``dtype``: the Rainbow networks' (float64
     for the twin tests; default float32); ``num_threads``: the vector env's C++ threads
-    (0: one per game, at most the machine's cores).
+    (0: one per game, at most the machine's cores); ``games``: a vector env whose games an owner steps for several
+    populations (:class:`agents.population.atari_groups.AtariGroups`; this one then neither resets nor steps it).
     """
 
     def __init__(self, config: Mapping[str, Any], members: Sequence[Member], *, device: str = "cpu",
                  nets: Sequence[nn.Module] | None = None, draws: Any = None, implementation: str = "auto",
-                 num_threads: int = 0, dtype: torch.dtype | None = None) -> None:
+                 num_threads: int = 0, dtype: torch.dtype | None = None,
+                 games: AtariGamesVecEnv | None = None) -> None:
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         if not members:
@@ -217,9 +220,9 @@ class AtariPopulation:
             self.nets = []  # (the stacked tensors are the members' networks now)
         self.adam_steps = 0
         self.eps_initial, self.eps_final, self.eps_steps = _schedules(config, members)
-        self.env = AtariGamesVecEnv(AtariGames(game_name(config["env"]), [m.seed for m in members], train=True,
-                                               max_episode_steps=config.get("max_episode_steps") or 108_000,
-                                               num_threads=num_threads))
+        self.env = games if games is not None else AtariGamesVecEnv(AtariGames(
+            game_name(config["env"]), [m.seed for m in members], train=True,
+            max_episode_steps=config.get("max_episode_steps") or 108_000, num_threads=num_threads))
         self.n_actions = int(self.env.action_space.n)
         self.draws = draws if draws is not None else SingleRunDraws([m.seed for m in members], self.n_actions)
         obs_space = spaces.Box(0, 255, OBS_SHAPE, np.uint8)
@@ -231,7 +234,7 @@ class AtariPopulation:
         self.replay = [replay(m.buffer_size, obs_space, self.env.action_space, device=self.device, n_envs=1,
                               n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]), **extra)
                        for m in members]
-        self.obs = self.env.reset()
+        self.obs = self.env.reset() if games is None else None  # (shared games: the owner steps them, sets obs)
         self.num_timesteps = 0
         self.episodes: list[list[tuple[int, float, int]]] = [[] for _ in range(self.P)]  # (step, return, length)
         self.last_losses: Tensor | None = None
@@ -291,6 +294,13 @@ class AtariPopulation:
                 out[m] = int(q.argmax(-1)[0])
             return out
 
+    def act(self) -> np.ndarray:
+        """The members' actions ``(P,)`` for their current observations (SB3's ``_sample_action``)."""
+        t0 = time.perf_counter()
+        actions = self._actions()
+        self.seconds["acting"] += time.perf_counter() - t0
+        return actions
+
     def _actions(self) -> np.ndarray:
         t = self.num_timesteps
         if t < self.config["learning_starts"]:
@@ -307,14 +317,20 @@ class AtariPopulation:
     def step(self, before_store: Callable[[], None] | None = None) -> None:
         """One env step of every member, its storage, target copy and (every ``train_freq`` steps past
         ``learning_starts``) update; ``before_store`` is called where SB3 calls a callback's ``on_step``."""
-        t0 = time.perf_counter()
-        actions = self._actions()
+        actions = self.act()
         t1 = time.perf_counter()
         obs, rewards, dones, infos = self.env.step(actions)
-        t2 = time.perf_counter()
+        self.seconds["env"] += time.perf_counter() - t1
         self.num_timesteps += 1
         if before_store is not None:
             before_store()
+        self.observe(actions, obs, rewards, dones, infos)
+
+    def observe(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray, dones: np.ndarray,
+                infos: Sequence[dict[str, Any]]) -> None:
+        """The rest of an env step after the env stepped (``num_timesteps`` counted already): each member's transition
+        stored, the target copy and the update where due."""
+        t2 = time.perf_counter()
         for m, buf in enumerate(self.replay):  # SB3's _store_transition: a finished episode's own last stack
             nxt = infos[m]["terminal_observation"] if dones[m] else obs[m]
             buf.add(self.obs[m][None], nxt[None], actions[m:m + 1], rewards[m:m + 1], dones[m:m + 1], [infos[m]])
@@ -322,8 +338,6 @@ class AtariPopulation:
                 self.episodes[m].append((self.num_timesteps, infos[m]["episode"]["r"], infos[m]["episode"]["l"]))
         self.obs = obs
         t3 = time.perf_counter()
-        self.seconds["acting"] += t1 - t0
-        self.seconds["env"] += t2 - t1
         self.seconds["store"] += t3 - t2
         if self.num_timesteps % self.config["target_update_interval"] == 0:
             self._copy_target()
@@ -464,22 +478,14 @@ class AtariPopulation:
         ``seeds[m]`` (no episodic life, no reward clipping: the authors' test protocol, as
         :class:`agents.rl.evaluation.EvalCallback` runs a single run's); draws nothing from the training's
         generators."""
-        env = AtariGames(game_name(self.config["env"]), list(seeds), train=False,
-                         max_episode_steps=self.config.get("max_episode_steps") or 108_000)
-        done: list[list[tuple[float, int]]] = [[] for _ in range(self.P)]
-        for m in range(self.P if self.rainbow else 0):  # greedy on the mean weights (Rainbow.predict, deterministic)
+        self.evaluation_mode()
+        return evaluate_games(self.config, seeds, episodes, self.greedy)
+
+    def evaluation_mode(self) -> None:
+        """Rainbow members act greedily on their mean weights (``Rainbow.predict``, deterministic) until the next
+        training action redraws their noise; DQN members have nothing to switch."""
+        for m in range(self.P if self.rainbow else 0):
             rainbow.set_noise(self, m, "online", on=False)
-        try:
-            obs = env.observation()
-            while any(len(d) < episodes for d in done):
-                s = env.step(self.greedy(obs))
-                for m in np.flatnonzero(s.game_over):
-                    if len(done[m]) < episodes:
-                        done[m].append((float(s.returns[m]), int(s.lengths[m])))
-                obs = s.obs
-        finally:
-            env.close()
-        return done
 
     def learn(self, steps: int, on_step: Callable[[AtariPopulation], None] | None = None) -> None:
         for _ in range(steps):

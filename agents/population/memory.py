@@ -93,10 +93,17 @@ def _network(config: Mapping[str, Any]) -> tuple[int, int]:
 _MEASURED: dict[str, tuple[int, int]] = {}
 
 
+def _networks(configs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One config per distinct network among ``configs`` (an Atari population's sub-populations differ in it)."""
+    return list({json.dumps({k: v for k, v in c.items() if k not in _MEMBER_KEYS}, sort_keys=True, default=str): c
+                 for c in configs}.values())
+
+
 def population_bytes(configs: Sequence[Mapping[str, Any]]) -> int:
-    """Bytes of a population of these members (every buffer at the largest member's size)."""
+    """Bytes of a population of these members (every buffer at the largest member's size, every network the
+    largest)."""
     largest = max(int(c["buffer_size"]) for c in configs)
-    return len(configs) * member_bytes(configs[0], largest)
+    return len(configs) * max(member_bytes(c, largest) for c in _networks(configs))
 
 
 @lru_cache(maxsize=8)
@@ -116,9 +123,9 @@ def budget(device: str) -> int:
 def capacity(configs: Sequence[Mapping[str, Any]], device: str) -> int:
     """The most members like ``configs`` (every buffer at the largest of theirs) one population should hold on
     ``device``: what :func:`budget` holds (at least one), and on a CPU at most :data:`CPU_MEMBERS`."""
-    largest = max(configs, key=lambda c: int(c["buffer_size"]))
-    if largest["derived"].get("cnn") and torch.device(device).type == "cuda":  # replay on the host, nets on the GPU
-        host, on_device = atari_member_bytes(largest)
+    largest = max(int(c["buffer_size"]) for c in configs)
+    if configs[0]["derived"].get("cnn") and torch.device(device).type == "cuda":  # replay on the host, nets on the GPU
+        host, on_device = (max(b) for b in zip(*(atari_member_bytes(c, largest) for c in _networks(configs))))
         return max(1, min(budget("cpu") // host, budget(device) // on_device))
-    fit = max(1, budget(device) // member_bytes(largest))
+    fit = max(1, budget(device) // max(member_bytes(c, largest) for c in _networks(configs)))
     return min(fit, CPU_MEMBERS) if torch.device(device).type == "cpu" else fit

@@ -53,10 +53,14 @@ from probes.sb3 import SCALARS
 from . import MEMBER_KEYS, checkpointed_groups, members_file, record_members, restarted_since
 from .device import DEVICE_MODES, DevicePopulation, device_refusal
 from .atari import AtariPopulation, atari_refusal
+from .atari_groups import NETWORK_KEYS, AtariGroups, network_key, shared_key
 from .engine import Member, Population, config_refusal, member_q_net
 from . import memory, timing
 
 __all__ = ["member_configs", "member_dirs", "train_population", "run_population", "POPULATION"]
+
+#: the Atari engines: members with frame replays and evaluations
+ATARI = (AtariPopulation, AtariGroups)
 
 
 def member_configs(values: Mapping[str, Any], members: Sequence[Member], algo: str = "dqn") -> list[dict[str, Any]]:
@@ -78,7 +82,7 @@ class MemberLog:
         probes = [make_probe(name, **probe_arguments(config, name)) for name in config["probe"]]
         # the member's QNetwork, loaded with its weights at each probe (only built where there are probes)
         self.model = member_q_net(config, config["seed"]).to(pop.device) if probes else None
-        inputs = torch.zeros(self.n_inputs, 4, 84, 84, dtype=torch.uint8) if isinstance(pop, AtariPopulation) \
+        inputs = torch.zeros(self.n_inputs, 4, 84, 84, dtype=torch.uint8) if isinstance(pop, ATARI) \
             else torch.zeros(self.n_inputs, pop.env.obs_dim)
         example = ProbeContext(step=0, inputs=inputs, **pop.member_probe_context(m, self.model, self.rng)) \
             if probes else ProbeContext(step=0, model=pop.base, inputs=inputs)
@@ -121,7 +125,7 @@ def _checkpoint(path: Path, pop: Population, seen: Sequence[int], logs: Sequence
     replays are not in the pickle: each member's new frames go to chunk files in its folder's ``replay/`` first (as
     a single run's checkpoint writes them), the pickle names the chunks, and chunks no checkpoint needs are
     removed after it is in place."""
-    replays = pop.replay if isinstance(pop, AtariPopulation) else None
+    replays = pop.replay if isinstance(pop, ATARI) else None
     try:
         chunks = [buf.save_frames(d / REPLAY_DIR) for buf, d in zip(replays, dirs)] if replays else None
         with contextlib.ExitStack() as stack:
@@ -175,10 +179,8 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     (:func:`agents.allocator.retain_freed_memory`)."""
     retain_freed_memory()
     configs, resume = [run.config for run in runs], runs[0].resume
-    shared = {k: v for k, v in configs[0].items() if k not in (*MEMBER_KEYS, "derived")}
-    for c in configs[1:]:
-        if {k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} != shared:
-            raise ConfigError(f"population members may differ in {', '.join(MEMBER_KEYS)} only")
+    if (why := _differences(configs)) is not None:
+        raise ConfigError(why)
     dirs = [run.path for run in runs]
     steps = configs[0]["n_timesteps"]
     if checkpoint_every is None:  # the config's (a grid's or --set's), as a single run's
@@ -226,7 +228,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
         else:
             run.continue_run(final=("q_net.pt",))
     try:
-        pop = state["pop"] if state else _engine(configs[0], members, implementation, device)
+        pop = state["pop"] if state else _engine(configs, members, implementation, device)
     except ValueError as err:  # (an env or setting the engine does not take)
         raise ConfigError(str(err)) from None
     seen = state["seen"] if state else [0] * len(members)
@@ -366,11 +368,25 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
     return summaries
 
 
-def _engine(config: Mapping[str, Any], members: Sequence[Member], implementation: str,
-            device: str) -> Population | DevicePopulation:
-    """The engine of ``implementation``: the device step for ``device`` / ``device-compiled``, else
-    :class:`Population` (whose own implementations the others are)."""
+def _differences(configs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the runs of ``configs`` cannot share a population (they differ beyond :meth:`DQNPopulation.group`), or
+    None."""
+    if len({POPULATION.group(c) for c in configs}) == 1:
+        return None
+    also = f" and, on Atari, their network ({', '.join(NETWORK_KEYS)})" if is_atari(configs[0]["env"]) else ""
+    return f"population members may differ in {', '.join(MEMBER_KEYS)}{also} only"
+
+
+def _engine(configs: Sequence[Mapping[str, Any]], members: Sequence[Member], implementation: str,
+            device: str) -> Population | DevicePopulation | AtariPopulation | AtariGroups:
+    """The engine of ``implementation`` for ``members`` of ``configs`` (one per member, or one for all): the device
+    step for ``device`` / ``device-compiled``, else :class:`Population` (whose own implementations the others are);
+    on Atari an :class:`AtariPopulation`, or :class:`AtariGroups` where the members' networks differ."""
+    configs = [configs] * len(members) if isinstance(configs, Mapping) else list(configs)
+    config = configs[0]
     if is_atari(config["env"]):
+        if len({network_key(c) for c in configs}) > 1:
+            return AtariGroups(configs, members, implementation=implementation, device=device)
         return AtariPopulation(config, members, implementation=implementation, device=device)
     if implementation in DEVICE_MODES:
         return DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
@@ -391,19 +407,24 @@ def run_population(values: Mapping[str, Any], members: Sequence[Member], out: st
 class DQNPopulation:
     """The population engine as ``agents.train dqn``'s and ``agents.train rainbow``'s (Rainbow: Atari ids on
     ale-vector) :class:`agents.commands.Population`: runs whose configs differ only in :data:`MEMBER_KEYS` train
-    together (``--seeds``, grids with ``engine: population``)."""
+    together (``--seeds``, grids with ``engine: population``); on Atari also runs that differ in their network
+    (:data:`agents.population.atari_groups.NETWORK_KEYS`: one sub-population per network, one vector env)."""
 
-    member_keys = MEMBER_KEYS
+    def group(self, config: Mapping[str, Any]) -> str:
+        if is_atari(config["env"]):
+            return shared_key(config)
+        return json.dumps({k: v for k, v in config.items() if k not in (*MEMBER_KEYS, "derived")}, sort_keys=True,
+                          default=str)
 
     def refusal(self, configs: Sequence[Mapping[str, Any]]) -> str | None:
-        shared = [{k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")} for c in configs]
-        if any(s != shared[0] for s in shared[1:]):
-            return f"population members may differ in {', '.join(MEMBER_KEYS)} only"
+        if (why := _differences(configs)) is not None:
+            return why
         if is_atari(configs[0]["env"]) or configs[0].get("algo") == "rainbow":
             if _implementation(configs[0]) in DEVICE_MODES:
                 return (f"population_engine: {configs[0]['population_engine']} is the classic tasks' device step; "
                         "Atari populations take auto or exact")
-            return atari_refusal(configs[0], _device(configs[0]), _implementation(configs[0]))
+            networks = {network_key(c): c for c in configs}.values()
+            return next((why for c in networks if (why := atari_refusal(c, _device(c), _implementation(c)))), None)
         if _implementation(configs[0]) in DEVICE_MODES:
             return device_refusal(configs[0], _device(configs[0]))
         return config_refusal(configs[0], _device(configs[0]))
@@ -426,7 +447,7 @@ class DQNPopulation:
         """The population's estimated bytes on its device (:func:`memory.population_bytes`; an Atari population on
         CUDA: its networks, optimiser states and activations, its replays being on the host)."""
         if is_atari(configs[0]["env"]) and torch.device(_device(configs[0])).type == "cuda":
-            return len(configs) * memory.atari_member_bytes(configs[0])[1]
+            return len(configs) * max(memory.atari_member_bytes(c)[1] for c in configs)
         return memory.population_bytes(configs)
 
     def host_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
@@ -434,7 +455,7 @@ class DQNPopulation:
         if not is_atari(configs[0]["env"]):
             return None
         largest = max(int(c["buffer_size"]) for c in configs)
-        return len(configs) * memory.atari_member_bytes(configs[0], largest)[0]
+        return len(configs) * max(memory.atari_member_bytes(c, largest)[0] for c in configs)
 
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """The population's estimated memory and device, for a grid's plan."""

@@ -39,20 +39,22 @@ _TIMED: dict[str, tuple[float, float]] = {}
 _SPEEDUP: dict[tuple[str, str], float] = {}
 
 
-def step_seconds(config: Mapping[str, Any], members: Sequence[Any], implementation: str,
+def step_seconds(configs: Sequence[Mapping[str, Any]], members: Sequence[Any], implementation: str,
                  device: str) -> tuple[float, float]:
-    """Seconds of one env step of a population of ``members`` on ``config`` with ``implementation`` on ``device``:
-    (acting at random, before ``learning_starts``; acting greedily and updating, after), as measured now."""
+    """Seconds of one env step of a population of ``members`` on ``configs`` (one per member) with
+    ``implementation`` on ``device``: (acting at random, before ``learning_starts``; acting greedily and updating,
+    after), as measured now."""
     from .run import _engine
 
-    config = {**config, "learning_starts": int(config["batch_size"])}
+    configs = [{**c, "learning_starts": int(c["batch_size"])} for c in configs]
+    config = configs[0]
     every = int(config.get("train_freq", 1))
     block = -(-_STEPS // every) * every  # (timed steps in whole update periods: each period holds one update)
     retain_freed_memory()  # as training sets it (this process then keeps the heap of the largest step timed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if config.get("torch_threads") is None else int(config["torch_threads"]))
     try:
-        pop = _engine(config, members, implementation, device)
+        pop = _engine(configs, members, implementation, device)
         clock = _Clock(device)
         for _ in range(config["learning_starts"] - _STEPS):
             pop.step()
@@ -93,17 +95,19 @@ def population_seconds(configs: Sequence[Mapping[str, Any]], members: Sequence[A
 
     config = configs[0]
     if implementation == "auto":  # the engine's own choice for this population (building it compiles nothing)
-        implementation = _engine(config, members, implementation, device).implementation
+        implementation = _engine(configs, members, implementation, device).implementation
     eager = _EAGER.get(implementation, implementation)
-    shape = json.dumps([{k: v for k, v in config.items() if k not in (*MEMBER_KEYS, "derived")}, len(members),
-                        max(m.buffer_size for m in members), eager, device], sort_keys=True, default=str)
+    networks = sorted({json.dumps({k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")},
+                                  sort_keys=True, default=str) for c in configs})
+    shape = json.dumps([networks, len(members), max(m.buffer_size for m in members), eager, device], sort_keys=True,
+                       default=str)
     if shape not in _TIMED:
-        _TIMED[shape] = step_seconds(config, members, eager, device)
+        _TIMED[shape] = step_seconds(configs, members, eager, device)
     random_s, full_s = _TIMED[shape]
     if eager != implementation:
         if (implementation, device) not in _SPEEDUP:
             try:
-                _SPEEDUP[implementation, device] = full_s / step_seconds(config, members, implementation, device)[1]
+                _SPEEDUP[implementation, device] = full_s / step_seconds(configs, members, implementation, device)[1]
             except Exception:  # (a compile that fails here fails in training too, which says why; "auto" runs eagerly)
                 _SPEEDUP[implementation, device] = 1.0
         full_s /= _SPEEDUP[implementation, device]

@@ -15,7 +15,8 @@ identically and a resumed run evaluates as an uninterrupted one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
@@ -23,7 +24,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from probes.sb3 import ProbeCallback
 
-__all__ = ["EvalCallback", "EVAL_SEED_OFFSET"]
+__all__ = ["EvalCallback", "EVAL_SEED_OFFSET", "evaluate_games"]
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation envs' seeds: seed + offset + step (apart from the training env's)
 
@@ -74,3 +75,25 @@ class EvalCallback(BaseCallback):
         self.last = (step, float(np.mean([r for r, _ in episodes[: self.episodes]])))
         return episodes[: self.episodes]
 
+
+def evaluate_games(config: Mapping[str, Any], seeds: Sequence[int], episodes: int,
+                   greedy: Callable[[np.ndarray], np.ndarray]) -> list[list[tuple[float, int]]]:
+    """The first ``episodes`` whole games (raw score, agent steps) of each of P Atari agents on test games of
+    ``config``'s Atari id (no episodic life, no reward clipping: the authors' test protocol), agent ``m``'s seeded
+    ``seeds[m]``, acting ``greedy(obs)`` (``(P, 4, 84, 84)`` uint8 -> ``(P,)``): a population's evaluation."""
+    from .ale_vector import AtariGames, game_name  # (ale-py only where Atari is played)
+
+    env = AtariGames(game_name(config["env"]), list(seeds), train=False,
+                     max_episode_steps=config.get("max_episode_steps") or 108_000)
+    done: list[list[tuple[float, int]]] = [[] for _ in seeds]
+    try:
+        obs = env.observation()
+        while any(len(d) < episodes for d in done):
+            s = env.step(greedy(obs))
+            for m in np.flatnonzero(s.game_over):
+                if len(done[m]) < episodes:
+                    done[m].append((float(s.returns[m]), int(s.lengths[m])))
+            obs = s.obs
+    finally:
+        env.close()
+    return done
