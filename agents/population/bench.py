@@ -63,7 +63,9 @@ def sb3_rate(config: dict, steps: int) -> float:
 
 def _tensor_bytes(pop: Any) -> int:
     """Bytes of the population's own tensors and arrays (parameters, target, optimiser state, replay buffers; the
-    Atari population's per-member networks and frame buffers as allocated)."""
+    Atari population's per-member networks and frame buffers as allocated; sub-populations summed)."""
+    if hasattr(pop, "groups"):
+        return sum(_tensor_bytes(g) for g in pop.groups)
     seen, total = set(), 0
     for value in vars(pop).values():
         items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
@@ -95,19 +97,21 @@ def _gpu_busy(pop: Any, steps: int = 20) -> float:
     return busy_us / 1e6 / wall
 
 
-def population_rate(config: dict, p: int, steps: int, implementation: str,
-                    device: str = "cpu") -> tuple[float, dict[str, float], float, dict[str, float]]:
+def population_rate(config: dict, p: int, steps: int, implementation: str, device: str = "cpu",
+                    mix: list[dict] | None = None) -> tuple[float, dict[str, float], float, dict[str, float]]:
     """Env steps/s of P members, the time shares of acting, env and update (the engine's implementations), the
-    warm-up's seconds and the memory (MB per member; on CUDA, also the peak) and GPU busy share."""
+    warm-up's seconds and the memory (MB per member; on CUDA, also the peak) and GPU busy share. Atari: ``mix``,
+    configs of other activations, member ``i`` on ``mix[i % len(mix)]`` (sub-populations in one process)."""
     members = [Member(seed=s, learning_rate=config["learning_rate"], buffer_size=config["buffer_size"])
                for s in range(p)]
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     if is_atari(config["env"]):
-        from .atari import AtariPopulation
+        from .run import _engine
 
-        pop: Any = AtariPopulation(config, members, implementation=implementation, device=device)
+        mix = mix or [config]
+        pop: Any = _engine([mix[i % len(mix)] for i in range(p)], members, implementation, device)
     elif implementation in DEVICE_MODES:
         pop = DevicePopulation(config, members, device=device, compile=implementation == "device-compiled")
     else:
@@ -117,13 +121,13 @@ def population_rate(config: dict, p: int, steps: int, implementation: str,
     if cuda:
         torch.cuda.synchronize()
     warmup = time.perf_counter() - t0
-    seconds = getattr(pop, "seconds", {})
-    seconds.update(dict.fromkeys(seconds, 0.0))
+    before = dict(getattr(pop, "seconds", {}))
     t0 = time.perf_counter()
     pop.learn(steps)
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    seconds = {k: v - before[k] for k, v in getattr(pop, "seconds", {}).items()}
     extra = {"mb_per_member": _tensor_bytes(pop) / p / 2**20}
     if cuda:
         extra["gpu_busy"] = _gpu_busy(pop)
@@ -135,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.population.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="MountainCar-v0")
-    parser.add_argument("--act", default="elephant")
+    parser.add_argument("--act", default="elephant",
+                        help="the activation; on Atari a comma-separated list trains members of each in turn "
+                             "as sub-populations of one population (SB3 on the first)")
     parser.add_argument("--algo", default="dqn", choices=("dqn", "rainbow"), help="rainbow: Atari ids only")
     parser.add_argument("--sizes", default=None, help="population sizes (default 1,8,32,64; Atari 1,4,8)")
     parser.add_argument("--steps", type=int, default=600, help="timed env steps (per member)")
@@ -153,15 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     extra_settings = {"atari_env": "ale-vector", "eval_every": None, "probe": []} if atari else {}
     if args.algo != "dqn" and not atari:
         parser.error(f"--algo {args.algo} benchmarks Atari populations: give an ALE id as --env")
-    config = resolve(args.algo, {"env": args.env, "act": args.act, "device": args.device, **extra_settings})
+    acts = args.act.split(",")
+    if len(acts) > 1 and not atari:
+        parser.error("--act: several activations in one population are for Atari ids")
+    mix = [resolve(args.algo, {"env": args.env, "act": a, "device": args.device, **extra_settings}) for a in acts]
+    config = mix[0]
     sb3_config = config if atari else {**config, "device": "cpu"}  # (an Atari run trains fastest on the device)
     before = sb3_rate(sb3_config, args.steps)
     agent = "Rainbow" if args.algo == "rainbow" else "SB3 DQN"
-    print(f"{agent} {args.env} {args.act}: {before:,.0f} env steps/s", file=sys.stderr)
+    print(f"{agent} {args.env} {acts[0]}: {before:,.0f} env steps/s", file=sys.stderr)
     rows = []
     for impl in implementations.split(","):
         for p in (int(x) for x in sizes.split(",")):
-            rate, split, warmup, extra = population_rate(config, p, args.steps, impl, args.device)
+            rate, split, warmup, extra = population_rate(config, p, args.steps, impl, args.device, mix)
             rows.append({"implementation": impl, "P": p, "steps_per_second": rate, "time_share": split,
                          "warmup_seconds": warmup, **extra})
             print(f"{impl:5s} P={p:3d}: {rate:9,.0f} env steps/s, {rate / before:5.2f}x SB3 (so far); "
