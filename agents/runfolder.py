@@ -16,9 +16,9 @@ from .errors import RunWriteError
 __all__ = ["OUTPUT_KEYS", "comparable_config", "holds_config", "write_run_file"]
 
 
-#: config keys that change how a run shows progress, saves or logs, never what it computes: a change in them neither
-#: makes a finished run stale (grid) nor a checkpoint foreign (--resume)
-OUTPUT_KEYS = ("progress", "torch_threads", "checkpoint_every", "sb3_log")
+#: config keys that change how a run shows progress, saves or logs, or where it keeps its replay's frames, never what
+#: it computes: a change in them neither makes a finished run stale (grid) nor a checkpoint foreign (--resume)
+OUTPUT_KEYS = ("progress", "torch_threads", "checkpoint_every", "sb3_log", "frames_on")
 
 
 def comparable_config(config: Any) -> Any:

@@ -1,7 +1,8 @@
 """The CUDA paths against their CPU twins, where a GPU is (skipped elsewhere): the device step, eager and compiled,
 on the GPU equals the eager one on the CPU in float64 (its draws are counters, the same on every device); an Atari
 DQN population on the GPU (loop and vmap) equals the CPU's loop in float64; Rainbow's stacked form equals its loop on
-the GPU in float64 (on a GPU the members' noise comes from CUDA generators, so the CPU's draws are not the twin)."""
+the GPU in float64 (on a GPU the members' noise comes from CUDA generators, so the CPU's draws are not the twin);
+an Atari population with its frames on the GPU equals one with them on the host, bit for bit."""
 
 from __future__ import annotations
 
@@ -78,3 +79,21 @@ def test_the_stacked_rainbow_on_the_gpu_is_its_loop_in_float64(monkeypatch):
             _close(pops["vmap"].member_state(m), pops["loop"].member_state(m), atol,
                    f"member {m} at {pops['loop'].num_timesteps}")
     assert pops["vmap"].episodes == pops["loop"].episodes
+
+
+@pytest.mark.parametrize("implementation", ["loop", "vmap"])
+def test_frames_on_the_gpu_train_what_frames_on_the_host_train(implementation):
+    """``frames_on: device`` on the GPU (the frames there, samples gathered there) against the host's frames on the
+    same GPU: the same members, bit for bit."""
+    pops = []
+    for where in ("host", "device"):
+        config = member_configs({**SETTINGS, "act": "elephant", "frames_on": where, "device": "cuda"},
+                                ATARI_MEMBERS)[0]
+        pop = AtariPopulation(config, ATARI_MEMBERS, implementation=implementation, device="cuda")
+        pop.learn(200)
+        assert isinstance(pop.replay[0].frames, torch.Tensor) == (where == "device")
+        pops.append(pop)
+    for m in range(len(ATARI_MEMBERS)):
+        a, b = pops[0].member_state(m), pops[1].member_state(m)
+        assert all(torch.equal(a[k], b[k]) for k in a), m
+    assert pops[0].episodes == pops[1].episodes

@@ -90,10 +90,12 @@ def test_recording_has_what_the_buffer_must_handle(breakout):
     assert len(set(lives)) > 1  # life losses (episodic life: each one a done)
 
 
+@pytest.mark.parametrize("frames_on", ["host", "device"])  # (the device: torch's ring on the buffer's device)
 @pytest.mark.parametrize("n_steps", [1, 3])
 @pytest.mark.parametrize("size", [100, 1000])  # wrapped many times over / never full
-def test_samples_equal_naive_buffer_on_atari(breakout, n_steps, size):
-    fast, slow = fill(breakout, size, n_steps, frame_slack=0.5)  # (lives of ~30 steps: 5 % slack evicts at 100)
+def test_samples_equal_naive_buffer_on_atari(breakout, n_steps, size, frames_on):
+    fast, slow = fill(breakout, size, n_steps, frame_slack=0.5, frames_on=frames_on)  # (lives of ~30 steps: 5 %
+    assert isinstance(fast.frames, torch.Tensor) == (frames_on == "device")  # slack evicts at 100)
     assert fast.size() == slow.size() and fast.pos == slow.pos and fast.full == slow.full and fast.evicted == 0
     rows = np.arange(fast.size())
     samples_equal(fast, slow, rows)
@@ -121,8 +123,9 @@ def test_stacks_are_what_the_agent_saw(breakout):
     assert not first[:3].any() and first[3].any()
 
 
-def test_prioritized_frame_buffer_draws_as_the_full_one(breakout):
-    fast, slow = fill(breakout, 200, 3, prioritized=True)
+@pytest.mark.parametrize("frames_on", ["host", "device"])
+def test_prioritized_frame_buffer_draws_as_the_full_one(breakout, frames_on):
+    fast, slow = fill(breakout, 200, 3, prioritized=True, frames_on=frames_on)
     rng = np.random.default_rng(0)
     for step in range(5):
         np.random.seed(step)
@@ -148,9 +151,10 @@ def test_bytes_per_transition_at_atari_scale():
         FrameReplayBuffer(10, space, spaces.Discrete(2), frame_stack=3)
 
 
-def test_checkpoint_chunks_round_trip(breakout, tmp_path):
+@pytest.mark.parametrize("frames_on", ["host", "device"])
+def test_checkpoint_chunks_round_trip(breakout, tmp_path, frames_on):
     transitions = breakout["transitions"]
-    fast = FrameReplayBuffer(150, breakout["space"], breakout["actions"], n_steps=3, device="cpu")
+    fast = FrameReplayBuffer(150, breakout["space"], breakout["actions"], n_steps=3, device="cpu", frames_on=frames_on)
     for t in transitions[:300]:
         fast.add(*t)
     first = fast.save_frames(tmp_path)
@@ -170,6 +174,9 @@ def test_checkpoint_chunks_round_trip(breakout, tmp_path):
     with pytest.raises(RuntimeError, match="load_frames first"):
         copy.sample(4)
     copy.load_frames(tmp_path, chunks)
+    assert isinstance(copy.frames, torch.Tensor) == (frames_on == "device")
+    samples_equal(copy, fast, np.arange(fast.size()))
+    copy.place_frames("host" if frames_on == "device" else "device")  # (a resume may place them elsewhere)
     samples_equal(copy, fast, np.arange(fast.size()))
     whole = pickle.loads(pickle.dumps(fast))  # pickled elsewhere (SB3's save_replay_buffer): frames included
     samples_equal(whole, fast, np.arange(fast.size()))
@@ -243,16 +250,17 @@ ops = st.lists(st.tuples(st.integers(0, 7), st.booleans(), st.booleans(),
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=ops, size=st.integers(1, 25), n_steps=st.integers(1, 4), slack=st.sampled_from([0.0, 0.05, 1.0]))
-def test_generated_streams_equal_naive(ops, size, n_steps, slack):
+@given(ops=ops, size=st.integers(1, 25), n_steps=st.integers(1, 4), slack=st.sampled_from([0.0, 0.05, 1.0]),
+       frames_on=st.sampled_from(["host", "device"]))
+def test_generated_streams_equal_naive(ops, size, n_steps, slack, frames_on):
     rec = {"transitions": stream(ops), "space": spaces.Box(0, 255, (K, 2, 2), np.uint8),
            "actions": spaces.Discrete(2)}
-    fast, slow = fill(rec, size, n_steps, frame_slack=slack)
+    fast, slow = fill(rec, size, n_steps, frame_slack=slack, frames_on=frames_on)
     valid = fast.rows(np.arange(fast.size()))
     samples_equal(fast, slow, valid)
     seen = np.stack([t[0][0] for t in rec["transitions"]])
     serials = np.arange(fast.rows_written - fast.size(), fast.rows_written)
-    assert np.array_equal(fast.stacks(fast.obs_head[serials % fast.buffer_size, 0]), seen[serials])
+    assert np.array_equal(np.asarray(fast.stacks(fast.obs_head[serials % fast.buffer_size, 0])), seen[serials])
 
 
 def test_short_episodes_evict_oldest_rows_and_never_sample_them():

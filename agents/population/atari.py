@@ -5,8 +5,8 @@ buffer size and epsilon schedule (:class:`agents.population.engine.Member`; the 
 population's): the same Q-network built the same way (SB3's policy under ``set_random_seed(seed)``), the same game
 (env ``m`` of one :class:`agents.rl.ale_vector.AtariGames` is seeded with member ``m``'s seed, as a single run's
 one env), its own frame-deduplicated replay (:class:`agents.rl.frame_buffer.FrameReplayBuffer`, in host memory:
-1e6 transitions are ~7.5 GB per member, more than a GPU holds for a population, and a sample is 32 x 4 frames
-gathered on the host; the sample is copied to the device per update), its own target network and Adam state, and
+1e6 transitions are ~7.5 GB per member, and a sample is 32 x 4 frames gathered on the host and copied to the device
+per update; with ``frames_on: device`` its frames are on the device and a sample is gathered there), its own target network and Adam state, and
 SB3's loop order per env step (act, env step, store with the terminal observation, target copy every
 ``target_update_interval`` steps, epsilon update, then one update after every ``train_freq`` steps once past
 ``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
@@ -232,8 +232,8 @@ class AtariPopulation:
 
             replay, extra = PrioritizedFrameReplayBuffer, {"alpha": config["per_alpha"], "eps": config["per_eps"]}
         self.replay = [replay(m.buffer_size, obs_space, self.env.action_space, device=self.device, n_envs=1,
-                              n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]), **extra)
-                       for m in members]
+                              n_steps=int(config.get("n_steps", 1)), gamma=float(config["gamma"]),
+                              frames_on=config.get("frames_on", "host"), **extra) for m in members]
         self.obs = self.env.reset() if games is None else None  # (shared games: the owner steps them, sets obs)
         self.num_timesteps = 0
         self.episodes: list[list[tuple[int, float, int]]] = [[] for _ in range(self.P)]  # (step, return, length)

@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default compiled,batched (Atari: loop,vmap); "
                              "comma-separated, of " + ", ".join((*IMPLEMENTATIONS[1:], *DEVICE_MODES)))
     parser.add_argument("--device", default="cpu", help="cpu or cuda: the populations' device (SB3 runs on the CPU)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config setting for SB3 and the populations alike, e.g. --set frames_on=device")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     acts = args.act.split(",")
     if len(acts) > 1 and not atari:
         parser.error("--act: several activations in one population are for Atari ids")
-    mix = [resolve(args.algo, {"env": args.env, "act": a, "device": args.device, **extra_settings}) for a in acts]
+    mix = [resolve(args.algo, {"env": args.env, "act": a, "device": args.device, **extra_settings, "set": args.set})
+           for a in acts]
     config = mix[0]
     sb3_config = config if atari else {**config, "device": "cpu"}  # (an Atari run trains fastest on the device)
     before = sb3_rate(sb3_config, args.steps)
@@ -194,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
               f" P={best['P']}: {best['steps_per_second']:,.0f} agent-steps/s): {hours:,.0f} hours of this machine "
               f"({args.device}); single runs at {base:,.0f} steps/s: {STUDY_STEPS / base / 3600:,.0f} hours",
               file=sys.stderr)
-    result = {"env": args.env, "act": args.act, "device": args.device, "sb3_steps_per_second": base, "sb3_before_after": [before, after],
-              "population": rows}
+    result = {"env": args.env, "act": args.act, "device": args.device, "set": args.set, "sb3_steps_per_second": base,
+              "sb3_before_after": [before, after], "population": rows}
     if args.json:
         print(json.dumps(result, indent=1))
     return 0

@@ -54,18 +54,20 @@ def member_bytes(config: Mapping[str, Any], buffer_size: int | None = None) -> i
 
 
 def atari_member_bytes(config: Mapping[str, Any], buffer_size: int | None = None) -> tuple[int, int]:
-    """``(host bytes, device bytes)`` of one Atari member: its frame replay (host) and its networks (online, target,
-    Adam's two moments, gradient) with its update's activations (device)."""
+    """``(host bytes, device bytes)`` of one Atari member: its frame replay (host; its frames on the device with
+    ``frames_on: device``) and its networks (online, target, Adam's two moments, gradient) with its update's
+    activations (device)."""
     from gymnasium import spaces
 
     from agents.rl.frame_buffer import frame_buffer_bytes
 
     params, floats = _network(config)
-    replay = frame_buffer_bytes(int(buffer_size or config["buffer_size"]),
-                                spaces.Box(0, 255, tuple(config["derived"]["observation_shape"]), "uint8"),
-                                spaces.Discrete(2))
+    args = (int(buffer_size or config["buffer_size"]),
+            spaces.Box(0, 255, tuple(config["derived"]["observation_shape"]), "uint8"), spaces.Discrete(2))
+    replay = frame_buffer_bytes(*args)
+    frames = frame_buffer_bytes(*args, frames_only=True) if config.get("frames_on") == "device" else 0
     activations = int(config["batch_size"]) * floats * 4 * 4
-    return replay, 5 * 4 * params + activations
+    return replay - frames, 5 * 4 * params + activations + frames
 
 
 def _network(config: Mapping[str, Any]) -> tuple[int, int]:

@@ -218,6 +218,7 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
             try:
                 for buf, d, chunks in zip(state["pop"].replay, dirs, state["replay_chunks"]):
                     buf.load_frames(d / REPLAY_DIR, chunks)
+                    buf.place_frames(configs[0].get("frames_on", "host"))  # (this attempt's setting)
             except OSError as err:
                 raise ConfigError(f"{path}: {err}; delete the checkpoint to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",

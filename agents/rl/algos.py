@@ -85,7 +85,7 @@ DQN = RLAlgo(
     settings=DQNSettings,
     sb3_keys=("buffer_size", "learning_starts", "batch_size", "tau", "gamma", "train_freq", "gradient_steps",
               "n_steps", "target_update_interval", "exploration_fraction", "exploration_initial_eps",
-              "exploration_final_eps", "max_grad_norm", "td_loss", "exploration_steps", "replay"),
+              "exploration_final_eps", "max_grad_norm", "td_loss", "exploration_steps", "replay", "frames_on"),
     roles={"q": lambda f, n: (f, n)},
     online=lambda model: [model.q_net],
     probe_context=dqn_context,

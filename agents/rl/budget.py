@@ -70,8 +70,9 @@ def fmt_bytes(n: float) -> str:
 
 
 def replay_bytes(config: Mapping[str, Any], obs: spaces.Space, act: spaces.Space) -> int:
-    """Bytes of the replay buffer a resolved off-policy config allocates (0 for on-policy configs): the frame buffer's
-    (:func:`agents.rl.frame_buffer.frame_buffer_bytes`) or SB3's (whole observations and next observations, actions,
+    """Bytes of host memory the replay buffer of a resolved off-policy config allocates (0 for on-policy configs): the
+    frame buffer's (:func:`agents.rl.frame_buffer.frame_buffer_bytes`, less its frames with ``frames_on: device``) or
+    SB3's (whole observations and next observations, actions,
     rewards, dones, timeouts), plus the sum tree of prioritized replay."""
     if "buffer_size" not in config:
         return 0
@@ -81,6 +82,8 @@ def replay_bytes(config: Mapping[str, Any], obs: spaces.Space, act: spaces.Space
     rows = max(config["buffer_size"] // n_envs, 1)
     if config.get("replay") == "frames":
         size = frame_buffer_bytes(config["buffer_size"], obs, act, n_envs)
+        if config.get("frames_on") == "device":  # (the frames take the device's memory instead)
+            size -= frame_buffer_bytes(config["buffer_size"], obs, act, n_envs, frames_only=True)
     else:
         obs_bytes = int(np.prod(obs.shape)) * np.dtype(obs.dtype).itemsize
         size = rows * n_envs * (2 * obs_bytes + 4 * get_action_dim(act) + 12)

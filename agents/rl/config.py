@@ -59,7 +59,7 @@ def act_args() -> tuple[str, ...]:
 #: keys that do not change what is trained: left out of the run directory name
 ACTIVATION_KEYS = ("act_kwargs", "sigma_bias", "layer_norm")  # settings that belong to one activation
 RUNTIME_KEYS = ("algo", "env", "act", "seed", "device", "progress", "checkpoint_every", "sb3_log", "torch_threads",
-                "probe", "probe_every", "probe_kwargs", "probe_inputs", "derived")
+                "probe", "probe_every", "probe_kwargs", "probe_inputs", "derived", "frames_on")
 
 
 def algo_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,9 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
     if config.get("replay") == "frames" and not (image and len(obs_space.shape) == 3):
         raise ConfigError(f"replay=frames stores stacks of image frames; {config['env']} observes "
                           f"{tuple(obs_space.shape)} {obs_space.dtype}: use replay=full")
+    if config.get("frames_on", "host") != "host" and config.get("replay") != "frames":
+        raise ConfigError(f"frames_on={config['frames_on']} places the frames of replay=frames; this run has "
+                          f"replay={config.get('replay', 'full')}")
     act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
     net = (act, act_kwargs, config["layer_norm"])
     n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))

@@ -36,7 +36,8 @@ class PaperDQN(DQN):
     """SB3 DQN with a choice of TD loss, optional gradient clipping and an absolute-step epsilon schedule."""
 
     def __init__(self, *args: Any, td_loss: str = "mse", exploration_steps: int | None = None,
-                 max_grad_norm: float | None = None, replay: str = "full", **kwargs: Any) -> None:
+                 max_grad_norm: float | None = None, replay: str = "full", frames_on: str = "host",
+                 **kwargs: Any) -> None:
         if td_loss not in TD_LOSSES:
             raise ValueError(f"td_loss must be one of {TD_LOSSES}, got {td_loss!r}")
         if replay not in REPLAYS:
@@ -44,7 +45,7 @@ class PaperDQN(DQN):
         if replay == "frames" and kwargs.get("replay_buffer_class") is None:
             kwargs["replay_buffer_class"] = FrameReplayBuffer
             kwargs["replay_buffer_kwargs"] = {"n_steps": kwargs.pop("n_steps", 1), "gamma": kwargs.get("gamma", 0.99),
-                                              **(kwargs.get("replay_buffer_kwargs") or {})}
+                                              "frames_on": frames_on, **(kwargs.get("replay_buffer_kwargs") or {})}
         self.replay = replay
         if exploration_steps is not None and exploration_steps < 0:
             raise ValueError(f"exploration_steps must be >= 0 or None, got {exploration_steps!r}")

@@ -55,9 +55,11 @@ from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
-__all__ = ["FrameReplayBuffer", "frame_buffer_bytes", "FRAME_SLACK"]
+__all__ = ["FrameReplayBuffer", "frame_buffer_bytes", "FRAME_SLACK", "FRAMES_ON"]
 
 FRAME_SLACK = 0.05
+#: where a frame buffer keeps its frames
+FRAMES_ON = ("host", "device")
 
 
 def _frame_layout(observation_space: spaces.Space, frame_stack: int | None) -> tuple[int, tuple[int, ...]]:
@@ -73,12 +75,16 @@ def _frame_layout(observation_space: spaces.Space, frame_stack: int | None) -> t
 
 
 def frame_buffer_bytes(buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
-                       n_envs: int = 1, frame_stack: int | None = None, frame_slack: float = FRAME_SLACK) -> int:
-    """Bytes a :class:`FrameReplayBuffer` of these arguments allocates (frames, chains and transitions)."""
+                       n_envs: int = 1, frame_stack: int | None = None, frame_slack: float = FRAME_SLACK,
+                       frames_only: bool = False) -> int:
+    """Bytes a :class:`FrameReplayBuffer` of these arguments allocates (frames, chains and transitions; with
+    ``frames_only``, the frames alone: what ``frames_on="device"`` places on the device)."""
     k, frame_shape = _frame_layout(observation_space, frame_stack)
     rows = max(buffer_size // n_envs, 1)
     n_frames = math.ceil(rows * n_envs * (1 + frame_slack)) + k * n_envs
     itemsize = np.dtype(observation_space.dtype).itemsize
+    if frames_only:
+        return n_frames * int(np.prod(frame_shape)) * itemsize
     action_bytes = int(np.prod(action_space.shape or (1,))) * np.dtype(
         np.float32 if action_space.dtype == np.float64 else action_space.dtype).itemsize
     per_env = 8 + 8 + 4 + 4 + 4 + action_bytes  # obs_head, next_head, reward, done, timeout, action
@@ -90,14 +96,17 @@ class FrameReplayBuffer(BaseBuffer):
 
     buffer_size: transitions held (split over ``n_envs`` like SB3's buffers); n_steps, gamma: n-step returns as
     SB3's ``NStepReplayBuffer`` (1: its ``ReplayBuffer``); frame_stack: frames per observation (default: all
-    channels, one channel per frame); frame_slack: extra ring slots, a fraction of ``buffer_size`` (module docstring).
-    ``optimize_memory_usage`` is refused (frames are already stored once).
+    channels, one channel per frame); frame_slack: extra ring slots, a fraction of ``buffer_size`` (module docstring);
+    frames_on: ``"host"`` (a numpy ring in host memory) or ``"device"`` (a torch ring on ``device``: a sample's
+    stacks are gathered there, and only the frame indices cross from the host; the chains and transitions stay on
+    the host either way; the samples are the same). ``optimize_memory_usage`` is refused (frames are already stored
+    once).
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, n_steps: int = 1, gamma: float = 0.99,
-                 frame_stack: int | None = None, frame_slack: float = FRAME_SLACK) -> None:
+                 frame_stack: int | None = None, frame_slack: float = FRAME_SLACK, frames_on: str = "host") -> None:
         super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
         if optimize_memory_usage:
             raise ValueError("FrameReplayBuffer stores each frame once already; optimize_memory_usage is not needed")
@@ -105,6 +114,8 @@ class FrameReplayBuffer(BaseBuffer):
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         if frame_slack < 0:
             raise ValueError(f"frame_slack must be >= 0, got {frame_slack}")
+        if frames_on not in FRAMES_ON:
+            raise ValueError(f"frames_on must be one of {FRAMES_ON}, got {frames_on!r}")
         self.k, self.frame_shape = _frame_layout(observation_space, frame_stack)
         self.c = self.frame_shape[0]
         self.buffer_size = max(buffer_size // n_envs, 1)
@@ -113,7 +124,8 @@ class FrameReplayBuffer(BaseBuffer):
         self.optimize_memory_usage = False
         self.frame_slack = float(frame_slack)
         self.n_frames = math.ceil(self.buffer_size * n_envs * (1 + frame_slack)) + self.k * n_envs
-        self.frames: np.ndarray | None = np.zeros((self.n_frames, *self.frame_shape), dtype=observation_space.dtype)
+        self.frames_on = frames_on
+        self.frames: np.ndarray | th.Tensor | None = self._empty_frames()
         self.prev = np.full(self.n_frames, -1, dtype=np.int64)
         self.frames_written = 0  # serial of the next frame
         shape = (self.buffer_size, n_envs)
@@ -133,12 +145,33 @@ class FrameReplayBuffer(BaseBuffer):
         self._saved_upto = 0  # frames below this serial are in chunk files (save_frames)
         self._chunked = False  # pickling leaves the frames out (frames_in_chunks)
 
+    def _empty_frames(self) -> np.ndarray | th.Tensor:
+        shape, dtype = (self.n_frames, *self.frame_shape), np.dtype(self.observation_space.dtype)
+        if self.frames_on == "device":
+            return th.zeros(shape, dtype=th.from_numpy(np.zeros(0, dtype)).dtype, device=self.device)
+        return np.zeros(shape, dtype=dtype)
+
+    def place_frames(self, frames_on: str) -> None:
+        """Keep the frames in host memory (``"host"``) or on the buffer's device (``"device"``) from now on."""
+        if frames_on not in FRAMES_ON:
+            raise ValueError(f"frames_on must be one of {FRAMES_ON}, got {frames_on!r}")
+        if frames_on != self.frames_on and self.frames is not None:
+            self.frames = th.as_tensor(self.frames, device=self.device) if frames_on == "device" else \
+                self.frames.cpu().numpy()
+        self.frames_on = frames_on
+
+    def _host_frames(self, slots: np.ndarray) -> np.ndarray:
+        """The frames in ``slots`` as a host array."""
+        if isinstance(self.frames, th.Tensor):
+            return self.frames[th.as_tensor(slots, device=self.device)].cpu().numpy()
+        return self.frames[slots]
+
     # --- writing ----------------------------------------------------------------------------------------
 
     def _write_frame(self, frame: np.ndarray, prev: int) -> int:
         serial = self.frames_written
         slot = serial % self.n_frames
-        self.frames[slot] = frame
+        self.frames[slot] = th.as_tensor(frame) if isinstance(self.frames, th.Tensor) else frame
         self.prev[slot] = prev
         self.frames_written += 1
         return serial
@@ -232,12 +265,11 @@ class FrameReplayBuffer(BaseBuffer):
         """``batch_size`` transitions drawn uniformly from the valid rows."""
         return self._get_samples(self.rows(np.random.randint(0, self.size(), size=batch_size)), env=env)
 
-    def stacks(self, heads: np.ndarray) -> np.ndarray:
-        """The stacks ``(N, k*c, H, W)`` whose newest frames have serials ``heads`` ``(N,)``."""
+    def slots(self, heads: np.ndarray) -> np.ndarray:
+        """The ring slots ``(N, k)`` of the stacks whose newest frames have serials ``heads`` ``(N,)``, oldest frame
+        first; -1 where a stack has no frame (zeros)."""
         heads = np.asarray(heads, dtype=np.int64)
-        if self.frames is None:
-            raise RuntimeError("FrameReplayBuffer: its frames are in a checkpoint's chunk files; load_frames first")
-        out = np.zeros((heads.size, self.k, *self.frame_shape), dtype=self.frames.dtype)
+        out = np.full((heads.size, self.k), -1, dtype=np.int64)
         cur, alive_from = heads.copy(), self.frames_written - self.n_frames
         for j in range(self.k - 1, -1, -1):
             ok = cur >= 0
@@ -246,10 +278,32 @@ class FrameReplayBuffer(BaseBuffer):
             if cur[ok].min() < alive_from:
                 raise RuntimeError("FrameReplayBuffer: a stack reaches a frame the ring has overwritten (a bug: "
                                    "evicted rows must not be sampled)")
-            slots = cur[ok] % self.n_frames
-            out[ok, j] = self.frames[slots]
-            cur[ok] = self.prev[slots]
-        return out.reshape(heads.size, *self.obs_shape)
+            out[ok, j] = cur[ok] % self.n_frames
+            cur[ok] = self.prev[out[ok, j]]
+        return out
+
+    def stacks(self, heads: np.ndarray) -> np.ndarray | th.Tensor:
+        """The stacks ``(N, k*c, H, W)`` whose newest frames have serials ``heads`` ``(N,)``: a host array, or a
+        tensor on the device where the frames are (``frames_on="device"``)."""
+        if self.frames is None:
+            raise RuntimeError("FrameReplayBuffer: its frames are in a checkpoint's chunk files; load_frames first")
+        slots = self.slots(heads)
+        n = len(slots)
+        if isinstance(self.frames, th.Tensor):
+            index = th.as_tensor(slots, device=self.device)
+            out = self.frames[index.clamp(min=0)]  # (slot -1: any frame, zeroed below)
+            out *= (index >= 0).view(n, self.k, *([1] * len(self.frame_shape))).to(out.dtype)
+            return out.reshape(n, *self.obs_shape)
+        out = np.zeros((n, self.k, *self.frame_shape), dtype=self.frames.dtype)
+        ok = slots >= 0
+        out[ok] = self.frames[slots[ok]]
+        return out.reshape(n, *self.obs_shape)
+
+    def to_torch(self, array: np.ndarray | th.Tensor, copy: bool = True) -> th.Tensor:
+        """SB3's ``to_torch``; a stack gathered on the device already is returned as it is."""
+        if isinstance(array, th.Tensor):
+            return array.to(self.device)
+        return super().to_torch(array, copy)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> ReplayBufferSamples:
         env_indices = np.random.randint(0, self.n_envs, size=np.shape(batch_inds))
@@ -288,7 +342,8 @@ class FrameReplayBuffer(BaseBuffer):
 
     def nbytes(self) -> int:
         """Bytes of the arrays allocated (what :func:`frame_buffer_bytes` predicts)."""
-        return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
+        return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray)) + \
+            sum(v.numel() * v.element_size() for v in vars(self).values() if isinstance(v, th.Tensor))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
@@ -296,6 +351,9 @@ class FrameReplayBuffer(BaseBuffer):
             state["frames"] = None  # the frames travel in chunk files (save_frames / load_frames)
         state["_chunked"] = False
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"frames_on": "host", **state})  # (checkpoints written before frames_on: the host)
 
     @contextlib.contextmanager
     def frames_in_chunks(self) -> Iterator[None]:
@@ -320,7 +378,7 @@ class FrameReplayBuffer(BaseBuffer):
             tmp = folder / (name + ".tmp")
             try:
                 with open(tmp, "wb") as f:
-                    _write_npy(f, self.frames[slots])
+                    _write_npy(f, self._host_frames(slots))
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, folder / name)
@@ -333,7 +391,8 @@ class FrameReplayBuffer(BaseBuffer):
     def load_frames(self, folder: str | os.PathLike, chunks: Sequence[str]) -> None:
         """Rebuild the frame ring from the chunk files ``chunks`` in ``folder`` (after unpickling)."""
         folder = Path(folder)
-        self.frames = np.zeros((self.n_frames, *self.frame_shape), dtype=self.observation_space.dtype)
+        frames_on, self.frames_on = self.frames_on, "host"  # (filled on the host, then placed)
+        self.frames = self._empty_frames()
         alive_from = max(0, self.frames_written - self.n_frames)
         covered = alive_from
         for name in chunks:
@@ -354,6 +413,7 @@ class FrameReplayBuffer(BaseBuffer):
         if covered < self.frames_written:
             raise OSError(f"{folder}: the replay chunks cover frames up to {covered}, the buffer needs "
                           f"{alive_from}..{self.frames_written}")
+        self.place_frames(frames_on)
 
 
 def _write_npy(f: Any, array: np.ndarray) -> None:

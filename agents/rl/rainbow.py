@@ -372,7 +372,9 @@ class Rainbow(PaperDQN):
                 raise ValueError("prioritized=True brings its own replay buffer; set prioritized=False to pass one")
             kwargs["replay_buffer_class"] = (PrioritizedFrameReplayBuffer if kwargs.get("replay") == "frames"
                                              else PrioritizedReplayBuffer)
-            kwargs["replay_buffer_kwargs"] = {"n_steps": n_steps, "gamma": gamma, "alpha": per_alpha, "eps": per_eps}
+            kwargs["replay_buffer_kwargs"] = {"n_steps": n_steps, "gamma": gamma, "alpha": per_alpha, "eps": per_eps,
+                                              **({"frames_on": kwargs.get("frames_on", "host")}
+                                                 if kwargs.get("replay") == "frames" else {})}
             n_steps = 1  # (the buffer does the n-step returns; SB3 only warns about n_steps with a custom buffer)
         super().__init__(policy, env, n_steps=n_steps, gamma=gamma, policy_kwargs=policy_kwargs, **kwargs)
 

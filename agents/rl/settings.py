@@ -112,6 +112,8 @@ class DQNSettings(OffPolicy):
     n_steps: int = _s(c.integer(1), "n-step returns")
     replay: str = _s(c.choice("full", "frames"), "replay storage: full (SB3's buffers, whole observations) or frames "
                                                  "(stacked pixel frames stored once; Atari at 1e6 transitions)")
+    frames_on: str = _s(c.choice("host", "device"), "where replay: frames keeps the frames: host memory, or the run's "
+                                                    "device (a GPU: samples are gathered there; the same samples)")
     population_engine: str = _s(c.choice("auto", "exact", "device", "device-compiled"),
                                 "how --seeds and population grids train: exact or auto (numpy draws: a member is "
                                 "SB3's run of its seed), device or device-compiled (the device step on the run's "
