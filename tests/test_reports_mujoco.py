@@ -1,6 +1,7 @@
 """The policy-gradient study's report (reports.mujoco) over tiny real runs: PPO and SAC on Hopper with the paper's
-MuJoCo settings, Elephant and ReLU (PPO: and Tanh), two seeds, SAC at two buffer sizes, the gradient covariance of
-actor and critic probed; the report's tables, buffer figure and aggregates. (About 50 s: with the long tests.)"""
+MuJoCo settings and every activation of the study (PPO: Tanh, ReLU, Elephant, FTA, Maxout, LWTA; SAC: Elephant and
+ReLU at two buffer sizes, FTA, Maxout and LWTA at one), two seeds, the gradient covariance of actor and critic
+probed; the report's tables, buffer figure and aggregates. (About 60 s: with the long tests.)"""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ pytestmark = pytest.mark.long
 
 SHORT = ["max_episode_steps=40", "probe_inputs=8"]
 #: (algorithm, activation, flags): the paper's settings, shortened
+PPO_ACTS = ("elephant", "relu", "tanh", "fta", "maxout", "lwta")
 RUNS = [*(("ppo", act, {"steps": 256, "set": [*SHORT, "n_steps=64", "batch_size=32", "n_epochs=1"]})
-          for act in ("elephant", "relu", "tanh")),
+          for act in PPO_ACTS),
         *(("sac", act, {"steps": 240, "buffer_size": b, "set": [*SHORT, "learning_starts=120"]})
-          for act in ("elephant", "relu") for b in (100, 1000))]
+          for act in ("elephant", "relu") for b in (100, 1000)),
+        *(("sac", act, {"steps": 240, "buffer_size": 1000, "set": [*SHORT, "learning_starts=120"]})
+          for act in ("fta", "maxout", "lwta"))]
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +58,16 @@ def test_the_report_tables_buffers_and_aggregates(runs, tmp_path, capsys):
                   "sac_Hopper-v4_buffer1000_returns.png", "sac_buffers.png"):
         assert (out / image).exists() and image in page, image
     printed = capsys.readouterr().out
-    assert printed.count("PPO  Hopper-v4") == 3 and printed.count("SAC  Hopper-v4") == 4
+    assert printed.count("PPO  Hopper-v4") == 6 and printed.count("SAC  Hopper-v4") == 7
     found, warnings = mujoco.groups([read_run(p) for p in runs.rglob("run.h5")])
-    assert not warnings and len(found) == 7 and all(len(g.runs) == 2 for g in found)
+    assert not warnings and len(found) == 13 and all(len(g.runs) == 2 for g in found)
     rows = mujoco.normalised_aggregates(found, reps=200)
-    assert {(r[0], r[1], r[2]) for r in rows} == {("PPO", "", a) for a in ("elephant", "relu", "tanh")} | \
-        {("SAC", b, a) for b in ("100", "1,000") for a in ("elephant", "relu")}
+    assert {(r[0], r[1], r[2]) for r in rows} == {("PPO", "", a) for a in PPO_ACTS} | \
+        {("SAC", b, a) for b in ("100", "1,000") for a in ("elephant", "relu")} | \
+        {("SAC", "1,000", a) for a in ("fta", "maxout", "lwta")}
     against = mujoco.elephant_against(found)
-    assert {(r[0], r[2], r[3]) for r in against} == {("PPO", "", "relu"), ("PPO", "", "tanh"), ("SAC", "100", "relu"),
-                                                      ("SAC", "1,000", "relu")}
+    assert {(r[0], r[2], r[3]) for r in against} == {("PPO", "", a) for a in PPO_ACTS[1:]} | \
+        {("SAC", "100", "relu")} | {("SAC", "1,000", a) for a in ("relu", "fta", "maxout", "lwta")}
 
 
 def test_scores_are_the_mean_of_the_last_tenth_of_training_episodes(runs):
