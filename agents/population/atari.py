@@ -14,11 +14,8 @@ SB3's loop order per env step (act, env step, store with the terminal observatio
 Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``QNetwork`` and ``torch.optim.Adam``,
 the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py);
 ``"vmap"`` stacks the members' parameters and runs one ``torch.func`` call of the network per step and per update
-(convolutions batched over members as grouped convolutions) and one Adam step on the stacked tensors; ``"auto"`` is
-``"loop"`` on a CPU (compute-bound: oneDNN's grouped convolutions and their backward are slower than one
-convolution per member; docs/agents/atari-populations.md, Speed) and ``"vmap"`` on a GPU (one kernel per layer for
-all members). The two agree to float rounding (float64: 1e-10 after
-an update).
+(convolutions batched over members as grouped convolutions) and one Adam step on the stacked tensors; ``"auto"``:
+:func:`atari_implementation`. The two agree to float rounding (float64: 1e-10 after an update).
 
 Rainbow members (a ``rainbow`` config; :mod:`agents.population.atari_rainbow`): each its own policy as its single
 run builds it, prioritized frame replay, and noise drawn from its own torch generator, set to where the single run's
@@ -56,7 +53,7 @@ from . import atari_rainbow as rainbow
 from .engine import Member, _schedules
 from .networks import member_policy, member_q_net
 
-__all__ = ["AtariPopulation", "SingleRunDraws", "atari_refusal", "IMPLEMENTATIONS"]
+__all__ = ["AtariPopulation", "SingleRunDraws", "atari_implementation", "atari_refusal", "IMPLEMENTATIONS"]
 
 #: how the members' networks run: "vmap" (one torch.func call over stacked parameters), "loop" (each member's own
 #: module and optimiser: SB3's kernels, its slow twin), "auto" ("loop" on a CPU, "vmap" on a GPU; module docstring)
@@ -96,6 +93,15 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
     return None
+
+
+def atari_implementation(implementation: str, device: str | torch.device) -> str:
+    """The implementation ``implementation`` stands for on ``device``: ``auto`` is ``loop`` on a CPU (compute-bound:
+    oneDNN's grouped convolutions and their backward are slower than one convolution per member;
+    docs/agents/atari-populations.md, Speed) and ``vmap`` on a GPU (one kernel per layer for all members)."""
+    if implementation == "auto":
+        return "vmap" if torch.device(device).type == "cuda" else "loop"
+    return implementation
 
 
 def _noise_generator(device: torch.device, seed: int) -> torch.Generator:
@@ -180,9 +186,7 @@ class AtariPopulation:
         self.config, self.members, self.device = dict(config), list(members), torch.device(device)
         self.P = len(members)
         self.rainbow = config.get("algo") == "rainbow"
-        if implementation == "auto":
-            implementation = "vmap" if self.device.type == "cuda" else "loop"
-        self.implementation = implementation
+        self.implementation = atari_implementation(implementation, device)
         if self.rainbow:  # each member's policy as its single run builds it; its noise from the run's torch stream
             if nets is not None:
                 raise ValueError("a Rainbow population builds its members' policies itself; nets= is for DQN")

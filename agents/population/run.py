@@ -217,8 +217,8 @@ def train_population(runs: Sequence[RunFolder], members: Sequence[Member], out: 
         if state.get("replay_chunks"):
             try:
                 for buf, d, chunks in zip(state["pop"].replay, dirs, state["replay_chunks"]):
-                    buf.load_frames(d / REPLAY_DIR, chunks)
                     buf.place_frames(configs[0].get("frames_on", "host"))  # (this attempt's setting)
+                    buf.load_frames(d / REPLAY_DIR, chunks)
             except OSError as err:
                 raise ConfigError(f"{path}: {err}; delete the checkpoint to start the population afresh") from None
         print(f"{path}: resuming the population of {len(members)} at step {state['pop'].num_timesteps}",

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from agents.allocator import retain_freed_memory
+from agents.rl.envs import is_atari
 
 from . import MEMBER_KEYS
 
@@ -94,11 +95,15 @@ def population_seconds(configs: Sequence[Mapping[str, Any]], members: Sequence[A
     from .run import _engine
 
     config = configs[0]
-    if implementation == "auto":  # the engine's own choice for this population (building it compiles nothing)
+    if implementation == "auto" and is_atari(config["env"]):  # (an Atari build allocates every member's replay)
+        from .atari import atari_implementation
+
+        implementation = atari_implementation(implementation, device)
+    elif implementation == "auto":  # the engine's own choice for this population (building it compiles nothing)
         implementation = _engine(configs, members, implementation, device).implementation
     eager = _EAGER.get(implementation, implementation)
-    networks = sorted({json.dumps({k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")},
-                                  sort_keys=True, default=str) for c in configs})
+    networks = sorted(json.dumps({k: v for k, v in c.items() if k not in (*MEMBER_KEYS, "derived")},
+                                 sort_keys=True, default=str) for c in configs)  # (each member's: mixes count)
     shape = json.dumps([networks, len(members), max(m.buffer_size for m in members), eager, device], sort_keys=True,
                        default=str)
     if shape not in _TIMED:

@@ -71,8 +71,8 @@ def fmt_bytes(n: float) -> str:
 
 def replay_bytes(config: Mapping[str, Any], obs: spaces.Space, act: spaces.Space) -> int:
     """Bytes of host memory the replay buffer of a resolved off-policy config allocates (0 for on-policy configs): the
-    frame buffer's (:func:`agents.rl.frame_buffer.frame_buffer_bytes`, less its frames with ``frames_on: device``) or
-    SB3's (whole observations and next observations, actions,
+    frame buffer's (:func:`agents.rl.frame_buffer.frame_buffer_bytes`, less its frames where ``frames_on: device`` puts
+    them on a GPU) or SB3's (whole observations and next observations, actions,
     rewards, dones, timeouts), plus the sum tree of prioritized replay."""
     if "buffer_size" not in config:
         return 0
@@ -82,7 +82,7 @@ def replay_bytes(config: Mapping[str, Any], obs: spaces.Space, act: spaces.Space
     rows = max(config["buffer_size"] // n_envs, 1)
     if config.get("replay") == "frames":
         size = frame_buffer_bytes(config["buffer_size"], obs, act, n_envs)
-        if config.get("frames_on") == "device":  # (the frames take the device's memory instead)
+        if config.get("frames_on") == "device" and _on_cuda(config):  # (the GPU's memory holds the frames)
             size -= frame_buffer_bytes(config["buffer_size"], obs, act, n_envs, frames_only=True)
     else:
         obs_bytes = int(np.prod(obs.shape)) * np.dtype(obs.dtype).itemsize
@@ -90,6 +90,11 @@ def replay_bytes(config: Mapping[str, Any], obs: spaces.Space, act: spaces.Space
     if config.get("prioritized"):
         size += 2 * 2 * (1 << max(0, (rows - 1).bit_length())) * 8  # sums and minima
     return size
+
+
+def _on_cuda(config: Mapping[str, Any]) -> bool:
+    device = str(config.get("device", "cpu"))
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def available_memory() -> int:

@@ -347,10 +347,10 @@ def restore_model(state: Mapping[str, Any], config: Mapping[str, Any], run_dir: 
     if state["replay_buffer"] is not None:
         model.replay_buffer = state["replay_buffer"]
         if state.get("replay_chunks") is not None:
+            model.replay_buffer.place_frames(config.get("frames_on", "host"))  # (this attempt's setting)
             try:
                 model.replay_buffer.load_frames(Path(run_dir) / REPLAY_DIR, state["replay_chunks"])
             except OSError as err:
                 raise CheckpointError(f"{err}; delete {Path(run_dir) / CHECKPOINT} to start the run afresh") from None
-            model.replay_buffer.place_frames(config.get("frames_on", "host"))  # (this attempt's setting)
     _set_gradients(model, state["gradients"])
     return model

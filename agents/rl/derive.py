@@ -65,6 +65,9 @@ def derive(spec: RLAlgo, config: dict[str, Any]) -> dict[str, Any]:
     if config.get("frames_on", "host") != "host" and config.get("replay") != "frames":
         raise ConfigError(f"frames_on={config['frames_on']} places the frames of replay=frames; this run has "
                           f"replay={config.get('replay', 'full')}")
+    if config.get("frames_on", "host") != "host" and config.get("normalize_obs"):
+        raise ConfigError("frames_on=device gathers samples on the device, where normalize_obs (VecNormalize, on "
+                          "the host) cannot reach them: use frames_on=host")
     act, act_kwargs, match = config["act"], config["act_kwargs"], config.get("match_width", False)
     net = (act, act_kwargs, config["layer_norm"])
     n_out = int(action_space.n) if isinstance(action_space, spaces.Discrete) else int(math.prod(action_space.shape))

@@ -391,8 +391,7 @@ class FrameReplayBuffer(BaseBuffer):
     def load_frames(self, folder: str | os.PathLike, chunks: Sequence[str]) -> None:
         """Rebuild the frame ring from the chunk files ``chunks`` in ``folder`` (after unpickling)."""
         folder = Path(folder)
-        frames_on, self.frames_on = self.frames_on, "host"  # (filled on the host, then placed)
-        self.frames = self._empty_frames()
+        self.frames = self._empty_frames()  # (where the buffer keeps them: each chunk is copied there)
         alive_from = max(0, self.frames_written - self.n_frames)
         covered = alive_from
         for name in chunks:
@@ -408,12 +407,14 @@ class FrameReplayBuffer(BaseBuffer):
             if lo_alive > covered:  # reach past this buffer's frames: those slots hold live frames)
                 break
             if hi > lo_alive:
-                self.frames[np.arange(lo_alive, hi) % self.n_frames] = data[lo_alive - lo:hi - lo]
+                slots, frames = np.arange(lo_alive, hi) % self.n_frames, data[lo_alive - lo:hi - lo]
+                if isinstance(self.frames, th.Tensor):
+                    slots, frames = th.as_tensor(slots, device=self.device), th.as_tensor(np.asarray(frames))
+                self.frames[slots] = frames
             covered = max(covered, hi)
         if covered < self.frames_written:
             raise OSError(f"{folder}: the replay chunks cover frames up to {covered}, the buffer needs "
                           f"{alive_from}..{self.frames_written}")
-        self.place_frames(frames_on)
 
 
 def _write_npy(f: Any, array: np.ndarray) -> None:
