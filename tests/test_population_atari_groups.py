@@ -82,9 +82,14 @@ def test_an_atari_grid_plans_its_activations_as_one_population(tmp_path):
 @pytest.mark.long
 def test_a_grid_of_two_activations_writes_the_runs_their_own_populations_write(tmp_path):
     """``engine: population`` over Elephant and ReLU x seeds 0-1 on Breakout: one population of four (two
-    sub-populations, checkpointed on the way) whose member folders hold what ``agents.train dqn --act A --seeds 0-1``
-    writes for each activation: logs (training games, losses, evaluations, the gradient-covariance probe) and
-    weights, equal."""
+    sub-populations) whose member folders hold what ``agents.train dqn --act A --seeds 0-1`` writes for each
+    activation: logs (training games, losses, evaluations, the gradient-covariance probe) and weights, equal; also
+    when the grid is SIGKILLed right after its second checkpoint and resumed with ``--resume``."""
+    import os
+    import signal
+
+    from runlog.failpoints import ENV as KILL_AT
+
     import subprocess
     import sys
     from pathlib import Path
@@ -107,14 +112,22 @@ def test_a_grid_of_two_activations_writes_the_runs_their_own_populations_write(t
     grid.write_text(yaml.safe_dump({"command": "dqn", "engine": "population", "fixed": {
         "env": "ALE/Breakout-v5", "n_timesteps": 1200, "checkpoint_every": 400, "progress": False, **settings},
         "grids": [{"act": ["elephant", "relu"], "seed": [0, 1]}]}))
-    run = subprocess.run([sys.executable, "-m", "agents.grid", str(grid), "--out", str(tmp_path / "run")], cwd=root,
-                         capture_output=True, text=True)
+    args = [sys.executable, "-m", "agents.grid", str(grid), "--workers", "1"]
+    env = {k: v for k, v in os.environ.items() if k != KILL_AT}
+    run = subprocess.run([*args, "--out", str(tmp_path / "run")], cwd=root, capture_output=True, text=True, env=env)
     assert run.returncode == 0 and "4 runs, 0 already finished; 4 to train in 1 population" in run.stderr, \
         run.stderr[-3000:]
+    killed = subprocess.run([*args, "--out", str(tmp_path / "killed")], cwd=root, capture_output=True, text=True,
+                            env={**env, KILL_AT: "checkpoint.after_rename:2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = subprocess.run([*args, "--out", str(tmp_path / "killed"), "--resume"], cwd=root, capture_output=True,
+                             text=True, env=env)
+    assert resumed.returncode == 0 and "resuming the population of 4 at step 800" in resumed.stderr, \
+        resumed.stderr[-3000:]
     logs = sorted((tmp_path / "ref").rglob("run.h5"))
     assert len(logs) == 4
-    for a in logs:
-        b = tmp_path / "run" / a.relative_to(tmp_path / "ref")
+    for a, out in ((a, out) for a in logs for out in ("run", "killed")):
+        b = tmp_path / out / a.relative_to(tmp_path / "ref")
         ra, rb = read_run(a), read_run(b)
         assert len(ra.scalars["eval_return"][0]) == 2 and len(ra.probes["gradcov"]["step"]) == 1
         assert rb.attrs["population_size"] == 4 and ra.attrs["population_size"] == 2
