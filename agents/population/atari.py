@@ -99,9 +99,7 @@ def atari_implementation(implementation: str, device: str | torch.device) -> str
     """The implementation ``implementation`` stands for on ``device``: ``auto`` is ``loop`` on a CPU (compute-bound:
     oneDNN's grouped convolutions and their backward are slower than one convolution per member;
     docs/agents/atari-populations.md, Speed) and ``vmap`` on a GPU (one kernel per layer for all members)."""
-    if implementation == "auto":
-        return "vmap" if torch.device(device).type == "cuda" else "loop"
-    return implementation
+    return ("vmap" if torch.device(device).type == "cuda" else "loop") if implementation == "auto" else implementation
 
 
 def _noise_generator(device: torch.device, seed: int) -> torch.Generator:
@@ -362,21 +360,22 @@ class AtariPopulation:
             self.target = {k: v.detach().clone() for k, v in self.params.items()}
 
     def sample(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Every member's replay sample, drawn with its own generator: obs and next obs ``(P, batch, 4, 84, 84)``
-        uint8, actions ``(P, batch)`` int64, n-step returns, terminations and discounts ``(P, batch)``."""
+        """Every member's replay sample, drawn with its own generator, copied to the device once per field: obs and
+        next obs ``(P, batch, 4, 84, 84)`` uint8, actions ``(P, batch)`` int64, returns, terminations, discounts."""
         k = int(self.config["batch_size"])
-        sizes = np.array([buf.size() for buf in self.replay])
-        idx = self.draws.all_indices(sizes, k)
-        data = [buf._get_samples(buf.rows(idx[m])) for m, buf in enumerate(self.replay)]
-        gamma = float(self.config["gamma"])
+        idx = self.draws.all_indices(np.array([buf.size() for buf in self.replay]), k)
+        parts = [buf.sample_arrays(buf.rows(idx[m])) for m, buf in enumerate(self.replay)]  # (host arrays)
 
-        def stack(name: str) -> Tensor:
-            return torch.stack([getattr(d, name) for d in data])
+        def stacks(i: int) -> Tensor:  # (one copy to the device, or the stacks gathered there)
+            got = [buf.stacks(p[i]) for buf, p in zip(self.replay, parts)]
+            return torch.stack(got) if isinstance(got[0], Tensor) else torch.from_numpy(np.stack(got)).to(self.device)
 
-        discounts = stack("discounts")[..., 0] if data[0].discounts is not None else \
-            torch.full((self.P, k), gamma, device=self.device)
-        return (stack("observations"), stack("actions")[..., 0].long(), stack("next_observations"),
-                stack("rewards")[..., 0], stack("dones")[..., 0], discounts)
+        def column(i: int) -> Tensor:
+            return torch.from_numpy(np.stack([p[i][:, 0] for p in parts])).to(self.device)
+
+        discounts = column(5) if parts[0][5] is not None else \
+            torch.full((self.P, k), float(self.config["gamma"]), device=self.device)
+        return stacks(0), column(1).long(), stacks(2), column(4), column(3), discounts
 
     def update(self) -> Tensor:
         """One Adam step of every member on its own replay sample; the members' losses ``(P,)``."""

@@ -306,14 +306,25 @@ class FrameReplayBuffer(BaseBuffer):
         return super().to_torch(array, copy)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        obs, actions, nxt, dones, rewards, discounts = self.sample_arrays(batch_inds, env)
+        obs, nxt = (self._normalize_obs(self.stacks(heads), env) for heads in (obs, nxt))
+        return ReplayBufferSamples(observations=self.to_torch(obs), actions=self.to_torch(actions),
+                                   next_observations=self.to_torch(nxt), dones=self.to_torch(dones),
+                                   rewards=self.to_torch(rewards),
+                                   **({} if discounts is None else {"discounts": self.to_torch(discounts)}))
+
+    def sample_arrays(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> tuple[np.ndarray, ...]:
+        """What :meth:`_get_samples` returns for the rows ``batch_inds``, as host arrays and with the observations
+        as the serials of their newest frames (for :meth:`stacks`): ``(obs heads (N,), actions (N, 1), next obs heads
+        (N,), dones (N, 1), rewards (N, 1), discounts (N, 1) or None)``; n-step returns and discounts as SB3's
+        ``NStepReplayBuffer``'s (``n_steps`` > 1), else SB3's ``ReplayBuffer``'s one-step ones (discounts None)."""
         env_indices = np.random.randint(0, self.n_envs, size=np.shape(batch_inds))
-        obs = self._normalize_obs(self.stacks(self.obs_head[batch_inds, env_indices]), env)
+        obs = self.obs_head[batch_inds, env_indices]
         actions = self.actions[batch_inds, env_indices]
         if self.n_steps == 1:  # SB3's ReplayBuffer
-            next_obs = self._normalize_obs(self.stacks(self.next_head[batch_inds, env_indices]), env)
             dones = (self.dones[batch_inds, env_indices] * (1 - self.timeouts[batch_inds, env_indices])).reshape(-1, 1)
             rewards = self._normalize_reward(self.rewards[batch_inds, env_indices].reshape(-1, 1), env)
-            return ReplayBufferSamples(*map(self.to_torch, (obs, actions, next_obs, dones, rewards)))
+            return obs, actions, self.next_head[batch_inds, env_indices], dones, rewards, None
         # SB3's NStepReplayBuffer: windows of n rows, cut at the first done or truncation, and at the newest row
         # (counted as truncated unless it is done: its next row belongs to another time)
         newest = (self.pos - 1) % self.buffer_size
@@ -330,13 +341,10 @@ class FrameReplayBuffer(BaseBuffer):
         returns = (rewards_seq * (self.gamma ** np.arange(self.n_steps, dtype=np.float32))[None, :] * mask).sum(
             axis=1, keepdims=True)
         last_rows = (batch_inds + last) % self.buffer_size
-        next_obs = self._normalize_obs(self.stacks(self.next_head[last_rows, env_indices]), env)
         last_dones = self.dones[last_rows, env_indices][:, None].astype(np.float32)
         last_timeouts = timeouts[np.arange(len(last)), last][:, None].astype(np.float32)
-        return ReplayBufferSamples(observations=self.to_torch(obs), actions=self.to_torch(actions),
-                                   next_observations=self.to_torch(next_obs),
-                                   dones=self.to_torch(last_dones * (1.0 - last_timeouts)),
-                                   rewards=self.to_torch(returns), discounts=self.to_torch(discounts))
+        return (obs, actions, self.next_head[last_rows, env_indices], last_dones * (1.0 - last_timeouts), returns,
+                discounts)
 
     # --- checkpoints ------------------------------------------------------------------------------------
 
