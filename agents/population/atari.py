@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from agents.rl.ale_vector import AtariGames, AtariGamesVecEnv, game_name
 from agents.rl.envs import is_atari
 from agents.rl.evaluation import evaluate_games
-from agents.rl.frame_buffer import FrameReplayBuffer
+from agents.rl.frame_buffer import FrameReplayBuffer, stacked_samples
 
 from . import atari_rainbow as rainbow
 from .engine import Member, _schedules
@@ -365,17 +365,7 @@ class AtariPopulation:
         k = int(self.config["batch_size"])
         idx = self.draws.all_indices(np.array([buf.size() for buf in self.replay]), k)
         parts = [buf.sample_arrays(buf.rows(idx[m])) for m, buf in enumerate(self.replay)]  # (host arrays)
-
-        def stacks(i: int) -> Tensor:  # (one copy to the device, or the stacks gathered there)
-            got = [buf.stacks(p[i]) for buf, p in zip(self.replay, parts)]
-            return torch.stack(got) if isinstance(got[0], Tensor) else torch.from_numpy(np.stack(got)).to(self.device)
-
-        def column(i: int) -> Tensor:
-            return torch.from_numpy(np.stack([p[i][:, 0] for p in parts])).to(self.device)
-
-        discounts = column(5) if parts[0][5] is not None else \
-            torch.full((self.P, k), float(self.config["gamma"]), device=self.device)
-        return stacks(0), column(1).long(), stacks(2), column(4), column(3), discounts
+        return stacked_samples(self.replay, parts, self.device, float(self.config["gamma"]))
 
     def update(self) -> Tensor:
         """One Adam step of every member on its own replay sample; the members' losses ``(P,)``."""

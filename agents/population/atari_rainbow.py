@@ -168,7 +168,8 @@ class Stacked:
 
 def _stacked_update(pop: Any) -> Tensor:
     """:func:`update` on the stacked networks: the members' samples drawn and noise redrawn member by member (their
-    own streams), then one batched target, loss and Adam step."""
+    own streams), the samples copied to the device together, then one batched target, loss and Adam step."""
+    from agents.rl.frame_buffer import stacked_samples
     from agents.rl.rainbow import project
 
     from .atari import _adam
@@ -176,25 +177,23 @@ def _stacked_update(pop: Any) -> Tensor:
     st, config, k = pop.stacked, pop.config, int(pop.config["batch_size"])
     beta0, steps = float(config["per_beta0"]), int(config["per_beta_steps"])
     beta = min(1.0, beta0 + (1.0 - beta0) * pop.num_timesteps / max(1, steps))
-    data, slots, weights = [], [], []
+    parts, slots, weights = [], [], []
     for m, buf in enumerate(pop.replay):
         rng = pop.draws.states[m]
         if config.get("prioritized"):
-            d, s, w = buf.sample_prioritized(k, beta, rng=rng)
+            s, w = buf.draw(k, beta, rng=rng)
             slots.append(s)
-            weights.append(torch.as_tensor(w, device=pop.device))
+            weights.append(w)
         else:
-            d = buf._get_samples(buf.rows(rng.randint(0, buf.size(), size=k)))
-        data.append(d)
+            s = buf.rows(rng.randint(0, buf.size(), size=k))
+        parts.append(buf.sample_arrays(s))
         st.resample(m, "online", pop.noise[m])
         st.resample(m, "target", pop.noise[m])
     st.noise = {"online": bool(config.get("noisy")), "target": bool(config.get("noisy"))}
-    stack = lambda name: torch.stack([getattr(d, name) for d in data])  # noqa: E731
-    obs, nxt, act = stack("observations"), stack("next_observations"), stack("actions")[..., 0].long()
     dtype = next(iter(st.params.values())).dtype
-    rewards, dones = stack("rewards")[..., 0].to(dtype), stack("dones")[..., 0].to(dtype)
-    disc = stack("discounts")[..., 0].to(dtype) if data[0].discounts is not None else \
-        torch.full_like(rewards, float(config["gamma"]))
+    obs, act, nxt, rewards, dones, disc = stacked_samples(pop.replay, parts, pop.device, float(config["gamma"]))
+    rewards, dones = rewards.to(dtype), dones.to(dtype)
+    disc = disc.to(dtype) if parts[0][5] is not None else torch.full_like(rewards, float(config["gamma"]))
     disc = disc * (1 - dones)
     with torch.no_grad():
         next_actions = st(nxt, "q", "online" if config.get("double_q") else "target").argmax(-1)
@@ -214,7 +213,8 @@ def _stacked_update(pop: Any) -> Tensor:
         per_sample = delta ** 2 if config["td_loss"] == "mse" else \
             F.smooth_l1_loss(delta, torch.zeros_like(delta), reduction="none")
         priority = delta.detach().abs()
-    losses = (per_sample * torch.stack(weights)).mean(-1) if weights else per_sample.mean(-1)
+    losses = (per_sample * torch.as_tensor(np.stack(weights), device=pop.device)).mean(-1) if weights else \
+        per_sample.mean(-1)
     grads = torch.autograd.grad(losses.sum(), list(st.params.values()))
     finite = pop._finite(losses.detach())
     if not bool(finite.all()):

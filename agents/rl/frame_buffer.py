@@ -55,7 +55,7 @@ from stable_baselines3.common.buffers import BaseBuffer
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
-__all__ = ["FrameReplayBuffer", "frame_buffer_bytes", "FRAME_SLACK", "FRAMES_ON"]
+__all__ = ["FrameReplayBuffer", "frame_buffer_bytes", "stacked_samples", "FRAME_SLACK", "FRAMES_ON"]
 
 FRAME_SLACK = 0.05
 #: where a frame buffer keeps its frames
@@ -423,6 +423,24 @@ class FrameReplayBuffer(BaseBuffer):
         if covered < self.frames_written:
             raise OSError(f"{folder}: the replay chunks cover frames up to {covered}, the buffer needs "
                           f"{alive_from}..{self.frames_written}")
+
+
+def stacked_samples(buffers: Sequence[FrameReplayBuffer], parts: Sequence[tuple[np.ndarray, ...]],
+                    device: th.device | str, gamma: float) -> tuple[th.Tensor, ...]:
+    """The samples ``parts`` (:meth:`FrameReplayBuffer.sample_arrays`, one per buffer) of several buffers stacked on
+    a member axis and copied to ``device`` once per field (stacks gathered there where the frames are):
+    ``(obs (P, N, k*c, H, W), actions (P, N) int64, next obs, rewards (P, N), dones (P, N), discounts (P, N))``,
+    discounts ``gamma`` where the buffers take one-step returns."""
+    def stacks(i: int) -> th.Tensor:
+        got = [buf.stacks(p[i]) for buf, p in zip(buffers, parts)]
+        return th.stack(got) if isinstance(got[0], th.Tensor) else th.from_numpy(np.stack(got)).to(device)
+
+    def column(i: int) -> th.Tensor:
+        return th.from_numpy(np.stack([p[i][:, 0] for p in parts])).to(device)
+
+    rewards = column(4)
+    discounts = column(5) if parts[0][5] is not None else th.full_like(rewards, gamma)
+    return stacks(0), column(1).long(), stacks(2), rewards, column(3), discounts
 
 
 def _write_npy(f: Any, array: np.ndarray) -> None:

@@ -172,12 +172,18 @@ class Prioritized:
         """``(samples, slots, weights)``: slots drawn by priority with ``rng`` (default numpy's global generator, as
         SB3's buffers draw), ``weights = (N P(i))^-beta / max_j (N P(j))^-beta`` over the whole buffer (the largest
         weight belongs to the smallest priority), shape ``(batch,)``."""
+        slots, weights = self.draw(batch_size, beta, rng)
+        return self._get_samples(slots, env=env), slots, weights
+
+    def draw(self, batch_size: int, beta: float, rng: np.random.RandomState | np.random.Generator | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, weights)`` of :meth:`sample_prioritized`, without the samples."""
         n = self.size()
         slots = self.tree.sample(batch_size, np.random if rng is None else rng)
         total = self.tree.total
         probs = self.tree[slots] / total
         weights = (n * probs) ** (-beta) / (n * self.tree.min() / total) ** (-beta)
-        return self._get_samples(slots, env=env), slots, weights.astype(np.float32)
+        return slots, weights.astype(np.float32)
 
     def update_priorities(self, slots: np.ndarray, losses: np.ndarray) -> None:
         priority = np.abs(np.asarray(losses, dtype=np.float64)) + self.eps
