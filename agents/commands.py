@@ -131,9 +131,10 @@ class Population(Protocol):
         """The run folders of each population under ``out`` that a ``--resume`` can continue from its checkpoint,
         in the checkpoint's order (a grid keeps them together whatever its own grouping)."""
 
-    def capacity(self, configs: Sequence[Mapping[str, Any]]) -> int | None:
-        """The most runs like these one population should hold on their device (``population_size: auto`` grids:
-        what its memory holds, say), or None for no limit."""
+    def capacity(self, configs: Sequence[Mapping[str, Any]], at_once: int = 1) -> int | None:
+        """The most runs like these one population should hold on their device while ``at_once`` populations
+        train side by side on the machine (``population_size: auto`` grids: its share of the memory, say), or None
+        for no limit."""
 
     def describe(self, configs: Sequence[Mapping[str, Any]]) -> str:
         """A short note on one population of these runs for a grid's plan (its memory and device)."""

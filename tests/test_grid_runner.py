@@ -333,6 +333,7 @@ def test_population_size_auto_fills_the_devices_memory_and_the_plan_says_so(tmp_
     assert [len(t.runs) for t in work] == [2, 2, 2, 2]  # each kind's four: three fit, so two populations of two
     for t in work:
         assert memory.population_bytes([r.config for r in t.runs]) <= 3 * one
+    assert [len(t.runs) for t in tasks(runs, at_once=3)] == [1] * 8  # three side by side: a third of it each
     largest = max(work, key=lambda t: len(t.runs))
     assert _population_plan(work) == (
         f"plan: {len(work)} populations of 2 members, {8 * 600:,} agent-steps; the largest "

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"{runs[0].command} writes no checkpoints; --resume is for "
                                   f"{', '.join(n for n in commands() if getattr(get_command(n), 'resumable', False))}")
             runs = [replace(r, resume=True) if r.status == "todo" else r for r in runs]
-        populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"])
+        at_once = (args.workers or 1) if args.backend == "local" else 1
+        populations = [t for t in tasks([r for r in runs if r.population and r.status != "done"], at_once)
                        if isinstance(t, PopulationTask)]
         if args.dry_run:
             status = _dry_run(runs)

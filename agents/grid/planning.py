@@ -134,11 +134,12 @@ def _runs(task: Task) -> tuple[GridRun, ...]:
     return task.runs if isinstance(task, PopulationTask) else (task,)
 
 
-def tasks(runs: Sequence[GridRun]) -> list[Task]:
+def tasks(runs: Sequence[GridRun], at_once: int = 1) -> list[Task]:
     """``runs`` as tasks, in order: the runs of an ``engine: population`` grid that their engine groups together
-    (:meth:`agents.commands.Population.group`) form population tasks (as few as hold them: of at most ``population_size`` members, or for
-    ``auto`` as many as the engine's capacity on the device allows, their sizes differing by at most one), any other
-    run is a task.
+    (:meth:`agents.commands.Population.group`) form population tasks (as few as hold them: of at most
+    ``population_size`` members, or for ``auto`` as many as the engine's capacity on the device allows with
+    ``at_once`` populations sharing the machine, a local pool's workers; their sizes differing by at most one), any
+    other run is a task.
     Resumed runs that a population checkpoint holds come first, grouped as it holds them (whatever the grid's chunks
     are now): a checkpoint all of whose members are still to do is resumed, not orphaned."""
 
@@ -164,17 +165,18 @@ def tasks(runs: Sequence[GridRun]) -> list[Task]:
     split = {id(k) for k in kinds.values()}  # (a checkpoint's group stays as it is)
     return [task for t in out for task in
             ([t] if isinstance(t, GridRun) else
-             [PopulationTask(tuple(c), t[0].population.out) for c in (_chunks(t) if id(t) in split else [t])])]
+             [PopulationTask(tuple(c), t[0].population.out)
+              for c in (_chunks(t, at_once) if id(t) in split else [t])])]
 
 
-def _chunks(kind: Sequence[GridRun]) -> list[Sequence[GridRun]]:
+def _chunks(kind: Sequence[GridRun], at_once: int = 1) -> list[Sequence[GridRun]]:
     """Runs of one kind (one group of their engine) split into as few populations as their limit
     allows (``population_size``, or for ``auto`` the engine's :meth:`~agents.commands.Population.capacity`), their
     sizes differing by at most one (a compiled step compiles for two shapes at most)."""
     engine = kind[0].population
     limit = engine.size
     if engine.by_memory:
-        limit = population(get_command(kind[0].command)).capacity([r.config for r in kind])
+        limit = population(get_command(kind[0].command)).capacity([r.config for r in kind], at_once)
     if limit is None or len(kind) <= limit:
         return [kind]
     n = -(-len(kind) // max(1, limit))

@@ -67,7 +67,7 @@ def run_grid(runs: Sequence[GridRun], *, workers: int | None = None, backend: st
         raise ConfigError(f"unknown backend {backend!r}; choose local or ray")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
-    work = tasks(todo)
+    work = tasks(todo, at_once=(workers or 1) if backend == "local" else 1)  # (Ray places by resources)
     stop = _Stop()
     outcomes: list[Outcome] = []
     bar = tqdm(total=len(todo), desc="runs", disable=not progress)

@@ -122,12 +122,13 @@ def budget(device: str) -> int:
     return int(SHARE * free)
 
 
-def capacity(configs: Sequence[Mapping[str, Any]], device: str) -> int:
+def capacity(configs: Sequence[Mapping[str, Any]], device: str, at_once: int = 1) -> int:
     """The most members like ``configs`` (every buffer at the largest of theirs) one population should hold on
-    ``device``: what :func:`budget` holds (at least one), and on a CPU at most :data:`CPU_MEMBERS`."""
+    ``device`` while ``at_once`` populations share the machine: their share of :func:`budget` (at least one), and on
+    a CPU at most :data:`CPU_MEMBERS`."""
     largest = max(int(c["buffer_size"]) for c in configs)
     if configs[0]["derived"].get("cnn") and torch.device(device).type == "cuda":  # replay on the host, nets on the GPU
         host, on_device = (max(b) for b in zip(*(atari_member_bytes(c, largest) for c in _networks(configs))))
-        return max(1, min(budget("cpu") // host, budget(device) // on_device))
-    fit = max(1, budget(device) // max(member_bytes(c, largest) for c in _networks(configs)))
+        return max(1, min(budget("cpu") // at_once // host, budget(device) // at_once // on_device))
+    fit = max(1, budget(device) // at_once // max(member_bytes(c, largest) for c in _networks(configs)))
     return min(fit, CPU_MEMBERS) if torch.device(device).type == "cpu" else fit

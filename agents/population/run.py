@@ -440,9 +440,10 @@ class DQNPopulation:
     def checkpointed(self, out: Path) -> list[list[Path]]:
         return checkpointed_groups(out)
 
-    def capacity(self, configs: Sequence[Mapping[str, Any]]) -> int:
-        """The most runs like these one population should hold on their device (:func:`memory.capacity`)."""
-        return memory.capacity(configs, _device(configs[0]))
+    def capacity(self, configs: Sequence[Mapping[str, Any]], at_once: int = 1) -> int:
+        """The most runs like these one population should hold on their device while ``at_once`` populations share
+        the machine (:func:`memory.capacity`)."""
+        return memory.capacity(configs, _device(configs[0]), at_once)
 
     def memory_bytes(self, configs: Sequence[Mapping[str, Any]]) -> int:
         """The population's estimated bytes on its device (:func:`memory.population_bytes`; an Atari population on
