@@ -309,12 +309,12 @@ def test_the_stacked_rainbow_is_the_loop_in_float64(monkeypatch):
 def test_frames_on_the_device_train_what_frames_on_the_host_train(algo):
     """``frames_on: device`` (here the CPU's torch ring: the device path's code) against the host's numpy ring: a
     population's members and a single run end with the same weights and games, bit for bit."""
-    settings = {**SETTINGS, "act": "elephant", "n_timesteps": 200}
+    settings = {**SETTINGS, "act": "elephant", "n_timesteps": 120}  # (9 updates: samples from the first one on)
     pops = []
     for where in ("host", "device"):
         configs = member_configs({**settings, "frames_on": where}, MEMBERS, algo)
         pop = AtariPopulation(configs[0], MEMBERS, implementation="loop")
-        pop.learn(200)
+        pop.learn(120)
         assert isinstance(pop.replay[0].frames, torch.Tensor) == (where == "device")
         pops.append(pop)
     for m in range(len(MEMBERS)):
@@ -322,8 +322,8 @@ def test_frames_on_the_device_train_what_frames_on_the_host_train(algo):
         assert all(torch.equal(a[k], b[k]) for k in a) and pops[0].episodes[m] == pops[1].episodes[m]
     models = []
     for where in ("host", "device"):
-        model = build_model(resolve(algo, {**settings, "seed": 0, "frames_on": where}))
-        model.learn(200)
+        model = build_model(resolve(algo, {**settings, "seed": 0, "buffer_size": 2000, "frames_on": where}))
+        model.learn(120)
         assert isinstance(model.replay_buffer.frames, torch.Tensor) == (where == "device")
         models.append({k: v.detach().clone() for k, v in model.q_net.state_dict().items()})
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
