@@ -6,10 +6,10 @@ population's): the same Q-network built the same way (SB3's policy under ``set_r
 (env ``m`` of one :class:`agents.rl.ale_vector.AtariGames` is seeded with member ``m``'s seed, as a single run's
 one env), its own frame-deduplicated replay (:class:`agents.rl.frame_buffer.FrameReplayBuffer`, in host memory:
 1e6 transitions are ~7.5 GB per member, and a sample is 32 x 4 frames gathered on the host and copied to the device
-per update; with ``frames_on: device`` its frames are on the device and a sample is gathered there), its own target network and Adam state, and
-SB3's loop order per env step (act, env step, store with the terminal observation, target copy every
-``target_update_interval`` steps, epsilon update, then one update after every ``train_freq`` steps once past
-``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
+per update; with ``frames_on: device`` its frames are on the device and a sample is gathered there), its own
+target network and Adam state, and SB3's loop order per env step (act, env step, store with the terminal
+observation, target copy every ``target_update_interval`` steps, epsilon update, then one update after every
+``train_freq`` steps once past ``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
 
 Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``QNetwork`` and ``torch.optim.Adam``,
 the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py);
@@ -53,7 +53,8 @@ from . import atari_rainbow as rainbow
 from .engine import Member, _schedules
 from .networks import member_policy, member_q_net
 
-__all__ = ["AtariPopulation", "SingleRunDraws", "atari_implementation", "atari_refusal", "IMPLEMENTATIONS"]
+__all__ = ["AtariPopulation", "SingleRunDraws", "atari_implementation", "atari_refusal", "training_games",
+           "IMPLEMENTATIONS"]
 
 #: how the members' networks run: "vmap" (one torch.func call over stacked parameters), "loop" (each member's own
 #: module and optimiser: SB3's kernels, its slow twin), "auto" ("loop" on a CPU, "vmap" on a GPU; module docstring)
@@ -93,6 +94,14 @@ def atari_refusal(config: Mapping[str, Any], device: str = "cpu", implementation
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         return f"device {device!r}: this torch build or machine has no CUDA; use --device cpu"
     return None
+
+
+def training_games(config: Mapping[str, Any], seeds: Sequence[int], num_threads: int = 0) -> AtariGamesVecEnv:
+    """The training games of ``config``'s Atari id, env ``m`` seeded ``seeds[m]`` (a single run's one env is seeded
+    the same way), as SB3's loop steps them; ``num_threads``: the C++ threads (0: one per game, at most the cores)."""
+    return AtariGamesVecEnv(AtariGames(game_name(config["env"]), list(seeds), train=True,
+                                       max_episode_steps=config.get("max_episode_steps") or 108_000,
+                                       num_threads=num_threads))
 
 
 def atari_implementation(implementation: str, device: str | torch.device) -> str:
@@ -222,9 +231,7 @@ class AtariPopulation:
             self.nets = []  # (the stacked tensors are the members' networks now)
         self.adam_steps = 0
         self.eps_initial, self.eps_final, self.eps_steps = _schedules(config, members)
-        self.env = games if games is not None else AtariGamesVecEnv(AtariGames(
-            game_name(config["env"]), [m.seed for m in members], train=True,
-            max_episode_steps=config.get("max_episode_steps") or 108_000, num_threads=num_threads))
+        self.env = games if games is not None else training_games(config, [m.seed for m in members], num_threads)
         self.n_actions = int(self.env.action_space.n)
         self.draws = draws if draws is not None else SingleRunDraws([m.seed for m in members], self.n_actions)
         obs_space = spaces.Box(0, 255, OBS_SHAPE, np.uint8)

@@ -7,8 +7,8 @@ trains them together: a sub-population (:class:`~agents.population.atari.AtariPo
 its members' networks, optimisers, replays and randomness, and all members' games in one
 :class:`~agents.rl.ale_vector.AtariGames` (its C++ threads stepping every game at once). Member ``m``'s game is env
 ``m`` seeded with its seed, as in a population of one activation, so **a member is the same run in either**: the
-same draws, games and updates (tests/test_population_atari.py checks weights and games bit for bit against the
-sub-populations trained alone).
+same draws, games and updates (tests/test_population_atari_groups.py checks weights and games bit for bit against
+the sub-populations trained alone).
 
 It has the interface of an ``AtariPopulation`` that :mod:`agents.population.run` drives (members in the order given,
 whatever their sub-population).
@@ -17,6 +17,7 @@ whatever their sub-population).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,11 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from agents.rl.ale_vector import AtariGames, AtariGamesVecEnv, game_name
 from agents.rl.evaluation import evaluate_games
 
 from . import MEMBER_KEYS
-from .atari import AtariPopulation
+from .atari import AtariPopulation, training_games
 from .engine import Member
 
 __all__ = ["AtariGroups", "NETWORK_KEYS", "network_key", "shared_key"]
@@ -63,9 +63,7 @@ class AtariGroups:
                              f"({', '.join(NETWORK_KEYS)}) only")
         config = configs[0]
         self.config, self.members, self.P = dict(config), list(members), len(members)
-        self.env = AtariGamesVecEnv(AtariGames(game_name(config["env"]), [m.seed for m in members], train=True,
-                                               max_episode_steps=config.get("max_episode_steps") or 108_000,
-                                               num_threads=num_threads))
+        self.env = training_games(config, [m.seed for m in members], num_threads)
         keys: dict[str, list[int]] = {}
         for i, c in enumerate(configs):
             keys.setdefault(network_key(c), []).append(i)
@@ -113,8 +111,6 @@ class AtariGroups:
     def step(self, before_store: Callable[[], None] | None = None) -> None:
         """One env step of every member (each sub-population acts, all games step at once, each stores and updates
         as its own population would); ``before_store`` where SB3 calls a callback's ``on_step``."""
-        import time
-
         actions = np.zeros(self.P, dtype=np.int64)
         for g, idx in zip(self.groups, self.index):
             actions[idx] = g.act()
