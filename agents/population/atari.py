@@ -9,7 +9,8 @@ one env), its own frame-deduplicated replay (:class:`agents.rl.frame_buffer.Fram
 per update; with ``frames_on: device`` its frames are on the device and a sample is gathered there), its own
 target network and Adam state, and SB3's loop order per env step (act, env step, store with the terminal
 observation, target copy every ``target_update_interval`` steps, epsilon update, then one update after every
-``train_freq`` steps once past ``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN` trains.
+``train_freq`` steps once past ``learning_starts``). Loss: MSE on n-step returns as :class:`agents.rl.dqn.PaperDQN`
+trains.
 
 Implementations (:data:`IMPLEMENTATIONS`): ``"loop"`` runs each member's own ``QNetwork`` and ``torch.optim.Adam``,
 the very kernels of SB3's DQN (a member equals its single run bit for bit: tests/test_population_atari.py);
