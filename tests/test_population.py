@@ -168,44 +168,58 @@ def test_bad_settings_are_refused():
         Population(resolve("dqn", {"env": "CartPole-v1"}), MEMBERS)
 
 
+@pytest.mark.parametrize("group", ["maxout", "lwta"])
 @pytest.mark.parametrize("inputs, widths", [(2, [20]), (70, [20]), (2, [20, 10])])
-def test_the_compiled_forms_of_a_maxout_net_are_its_modules_in_float64(inputs, widths):
-    """The forward "compiled" compiles (here run eagerly), with Maxout's input slab by slab after a Linear of few
-    inputs (:func:`agents.population.networks._slab_linear`) and as the module after a wide one: outputs and
-    gradients equal each member's own network's."""
+def test_the_compiled_forms_of_maxout_and_lwta_nets_are_their_modules_in_float64(group, inputs, widths):
+    """The forward "compiled" compiles (here run eagerly), with the group max in slab form after a Linear of few
+    inputs (:func:`agents.population.networks._slab_form`) and as the module after a wide one: outputs and
+    gradients, through autograd (the population engine's "compiled") and through ``torch.func.grad`` (the device
+    step's), equal each member's own network's; ties split Maxout's gradient and pass LWTA's as the modules do."""
     from torch import nn
     from torch.func import stack_module_state
 
     from agents.population.engine import _batched_forward
-    from interference import Maxout
+    from interference import LWTA, Maxout
 
     torch.manual_seed(0)
+    module = {"maxout": Maxout, "lwta": LWTA}[group]
 
     def net() -> nn.Sequential:
         layers, width = [], inputs
         for w in widths:
-            layers += [nn.Linear(width, w), Maxout(5)]
-            width = w // 5
+            layers += [nn.Linear(width, w), module(5)]
+            width = w // 5 if group == "maxout" else w
         return nn.Sequential(*layers, nn.Linear(width, 3)).double()
 
     nets = [net() for _ in range(3)]
-    params = {k: v.detach().requires_grad_(True) for k, v in stack_module_state(nets)[0].items()}
+    with torch.no_grad():  # a tie in every group of the first layer's first five units: equal rows
+        for n in nets:
+            n[0].weight[1:5] = n[0].weight[0]
+            n[0].bias[1:5] = n[0].bias[0]
+    stacked = stack_module_state(nets)[0]
+    params = {k: v.detach().requires_grad_(True) for k, v in stacked.items()}
     x = torch.randn(3, 8, inputs, dtype=torch.float64)
-    fast = _batched_forward(nets[0], compiled=True)(params, x)
+    fast = _batched_forward(nets[0], compiled=True)
     slow = torch.stack([n(x[m]) for m, n in enumerate(nets)])
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    fast.square().sum().backward()
+    torch.testing.assert_close(fast(params, x), slow, rtol=0, atol=1e-12)
+    fast(params, x).square().sum().backward()
     slow.square().sum().backward()
+    expected = {name: torch.stack([dict(n.named_parameters())[name].grad for n in nets]) for name in params}
     for name, p in params.items():
-        torch.testing.assert_close(p.grad, torch.stack([dict(n.named_parameters())[name].grad for n in nets]),
-                                   rtol=0, atol=1e-12, msg=name)
+        torch.testing.assert_close(p.grad, expected[name], rtol=0, atol=1e-12, msg=name)
+    functional = torch.func.grad(lambda p: fast(p, x).square().sum())(dict(stacked))
+    for name, g in functional.items():
+        torch.testing.assert_close(g, expected[name], rtol=0, atol=1e-12, msg=f"torch.func: {name}")
 
 
 def test_auto_picks_the_measured_faster_path():
-    """From COMPILE_FROM agent-steps "auto" compiles, except networks with LWTA (eager is faster there)."""
+    """From COMPILE_FROM agent-steps "auto" compiles, except networks with an LWTA layer out of slab form (eager is
+    faster there: here after a Linear layer of 100 inputs)."""
     big = {"env": "MountainCar-v0", "n_timesteps": COMPILE_FROM}
-    for act, expected in (("elephant", "compiled"), ("fta", "compiled"), ("maxout", "compiled"), ("lwta", "batched")):
-        assert Population(resolve("dqn", {**big, "act": act}), MEMBERS[:1]).implementation == expected, act
+    for act in ("elephant", "fta", "maxout", "lwta"):
+        assert Population(resolve("dqn", {**big, "act": act}), MEMBERS[:1]).implementation == "compiled", act
+    deep = resolve("dqn", {**big, "act": "lwta", "net_arch": [100, 100], "match_width": False})
+    assert Population(deep, MEMBERS[:1]).implementation == "batched"
     small = resolve("dqn", {"env": "MountainCar-v0", "n_timesteps": 100})
     assert Population(small, MEMBERS[:1]).implementation == "batched"
 

@@ -33,7 +33,8 @@ from torch.nn import functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from .envs import BATCHED_ENVS, BatchedEnv, make_batched
-from .networks import COMPILE_FROM, EAGER_FASTER, IMPLEMENTATIONS, _batched_forward, _rmsprop, _td_losses, member_q_net
+from .networks import (COMPILE_FROM, IMPLEMENTATIONS, _batched_forward, _rmsprop, _td_losses, eager_faster,
+                       member_q_net)
 
 __all__ = ["Member", "Draws", "Population", "config_refusal", "member_q_net", "IMPLEMENTATIONS"]
 
@@ -154,8 +155,7 @@ class Population:
                              "'auto' or 'vmap'")
         self._auto, self._compiled_ok = implementation == "auto", False
         if implementation == "auto":
-            eager = any(type(mod) in EAGER_FASTER for mod in self.base.modules())
-            implementation = "vmap" if not batched else "batched" if eager else \
+            implementation = "vmap" if not batched else "batched" if eager_faster(self.base) else \
                 "compiled" if self.P * int(config["n_timesteps"]) >= COMPILE_FROM else "batched"
         self.implementation = implementation
         self._build_paths()

@@ -23,7 +23,8 @@ from interference import FTA, LWTA, Elephant, Maxout, elephant
 #: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
 #: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
 #: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "batched"
-#: for networks with a layer of :data:`EAGER_FASTER`; "vmap" for networks the batched path does not know). The
+#: for networks with an LWTA layer that :func:`_slab_form` leaves out; "vmap" for networks the batched path does
+#: not know). The
 #: implementations agree to float rounding, which RL amplifies over a run: under "auto" a member's exact numbers
 #: depend on how many members share its population (in a grid, on ``population_size`` and what is left to run);
 #: name one (``implementation=`` of :func:`agents.population.run.run_population`) where runs must repeat bit for bit
@@ -31,14 +32,11 @@ from interference import FTA, LWTA, Elephant, Maxout, elephant
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
 COMPILE_FROM = 500_000
-#: layers whose networks "auto" runs eagerly at any size: Inductor's CPU code for LWTA's group max (amax and its
-#: backward) is slower than eager's
-EAGER_FASTER = (LWTA,)
 #: Linear layers with at most this many outputs run under "compiled" as one product-sum per output, unless they
 #: follow a layer of :data:`MATMUL_AFTER`: Inductor fuses the sums into one loop that computes the layer before once
 NARROW = 16
-#: under "compiled", a Maxout layer after a Linear layer of at most this many inputs takes its input slab by slab
-#: (:func:`_slab_linear`)
+#: under "compiled", a Maxout or LWTA layer after a Linear layer of at most this many inputs takes its input slab by
+#: slab (:func:`_slab_form`)
 SLAB_INPUTS = 64
 #: layers after which a narrow Linear stays a matmul under "compiled": fusing the product-sum with their wide outputs
 #: is slower than the matmul
@@ -48,7 +46,7 @@ MATMUL_AFTER = (LWTA, FTA)
 def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
     """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows (Linear, LayerNorm,
     ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
-    run as themselves), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
+    run as themselves or, compiled, Maxout and LWTA in :func:`_slab_form`), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
     form ``torch.compile`` fuses best (the Elephant formula in plain ops; a narrow Linear layer, such as the Q head,
     as one product-sum over its inputs per output, which Inductor fuses with the activation before it, where a
     matmul of a few columns is a slow call); else eager kernels (baddbmm, the fused Elephant function)."""
@@ -57,19 +55,27 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
     steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
     previous: nn.Module | None = None
     previous_name = ""
-    for name, mod in base.named_children():
+    children = list(base.named_children())
+    slabs = linear_input = 1  # > 1: the next (the last) Linear layer's input in the slab order of this group size
+    for i, (name, mod) in enumerate(children):
         fuse = compiled and type(previous) not in MATMUL_AFTER
-        if compiled and type(mod) is Maxout and _slab_linear_ok(previous) and previous.out_features % mod.k == 0:
-            # the Linear before it computes its units slab by slab (unit j of every group first, j = 0..k-1), so
-            # that the group max is k - 1 elementwise maxima of contiguous slabs, which Inductor vectorises
-            steps[-1] = lambda p, x, n=previous_name, k=mod.k: _slab_linear(p[f"{n}.weight"], p[f"{n}.bias"], x, k)
-            steps.append(lambda p, x, k=mod.k: _slab_max(x, k))
+        if compiled and _slab_form(children, i):
+            steps[-1] = lambda p, x, n=previous_name, k=mod.k, order=linear_input: _slab_linear(
+                _slab_columns(p[f"{n}.weight"], order), p[f"{n}.bias"], x, k)
+            group = _slab_max if type(mod) is Maxout else _slab_lwta
+            steps.append(lambda p, x, k=mod.k, group=group: group(x, k))
+            slabs = mod.k if type(mod) is LWTA else 1
             previous, previous_name = mod, name
             continue
         previous, previous_name = mod, name
+        if type(mod) is nn.Linear:  # the order its input comes in (kept should the next layer take the slab form)
+            linear_input, slabs = slabs, 1
         if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
             steps.append(lambda p, x, n=name, out=mod.out_features: torch.stack(
                 [(x * p[f"{n}.weight"][:, None, o]).sum(-1) for o in range(out)], -1) + p[f"{n}.bias"][:, None, :])
+        elif type(mod) is nn.Linear and mod.bias is not None and linear_input > 1:
+            steps.append(lambda p, x, n=name, k=linear_input: torch.baddbmm(
+                p[f"{n}.bias"][:, None, :], x, _slab_columns(p[f"{n}.weight"], k).transpose(1, 2)))
         elif type(mod) is nn.Linear and mod.bias is not None:
             steps.append(lambda p, x, n=name: torch.baddbmm(p[f"{n}.bias"][:, None, :], x,
                                                             p[f"{n}.weight"].transpose(1, 2)))
@@ -95,10 +101,29 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
     return forward
 
 
-def _slab_linear_ok(mod: nn.Module | None) -> bool:
-    """Whether a Linear layer's weight is cheap to permute per call (a few inputs, as the first layer's): it costs
-    ``out x in`` copies per member against ``batch x out`` activations."""
-    return type(mod) is nn.Linear and mod.bias is not None and mod.in_features <= SLAB_INPUTS
+def _slab_form(children: Sequence[tuple[str, nn.Module]], i: int) -> bool:
+    """Whether layer ``i`` of an MLP's ``(name, module)`` list runs in slab form under "compiled": a Maxout or LWTA
+    layer after a Linear layer of at most :data:`SLAB_INPUTS` inputs (whose weight is cheap to permute per call),
+    an LWTA layer also before a Linear layer. The Linear before it then computes its units slab by slab (unit ``j``
+    of every group first, :func:`_slab_linear`), so that the group max is a reduction over a strided dimension,
+    which Inductor vectorises along the slabs; LWTA's output stays in slab order and the Linear after it takes its
+    weight's columns in that order (:func:`_slab_columns`). Elsewhere the module runs as itself."""
+    mod = children[i][1]
+    if type(mod) not in (Maxout, LWTA) or i == 0:
+        return False
+    before = children[i - 1][1]
+    if not (type(before) is nn.Linear and before.bias is not None and before.in_features <= SLAB_INPUTS and
+            before.out_features % mod.k == 0):
+        return False
+    after = children[i + 1][1] if i + 1 < len(children) else None
+    return type(mod) is Maxout or (type(after) is nn.Linear and after.bias is not None)
+
+
+def eager_faster(base: nn.Module) -> bool:
+    """Whether "auto" runs ``base`` eagerly at any size: an LWTA layer out of slab form (Inductor's CPU code for its
+    group max over adjacent units is slower than eager's)."""
+    children = list(base.named_children())
+    return any(type(mod) is LWTA and not _slab_form(children, i) for i, (_, mod) in enumerate(children))
 
 
 def _slab_linear(weight: Tensor, bias: Tensor, x: Tensor, k: int) -> Tensor:
@@ -111,12 +136,36 @@ def _slab_linear(weight: Tensor, bias: Tensor, x: Tensor, k: int) -> Tensor:
 
 
 def _slab_max(x: Tensor, k: int) -> Tensor:
-    """Maxout of :func:`_slab_linear`'s output: the elementwise max of its ``k`` slabs ``(P, B, out / k)``."""
-    n = x.shape[-1] // k
-    m = x[..., :n]
-    for j in range(1, k):
-        m = torch.maximum(m, x[..., j * n:(j + 1) * n])
-    return m
+    """Maxout of :func:`_slab_linear`'s output: the max over its ``k`` slabs ``(P, B, out / k)``, its gradient split
+    evenly among ties (as Maxout's). Where autograd records it outside ``torch.func``, written as the max plus a term
+    that is 0 but carries that gradient, with the winners' mask ``1 + sign(x - max)`` as a float: Inductor's CPU code
+    keeps ``amax``'s bool mask for the backward and stores it several times slower than the float (under
+    ``torch.func.grad`` the forward and backward compile as one graph and ``amax`` is the faster)."""
+    slabs = x.unflatten(-1, (k, -1))
+    if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():  # (as interference.elephant)
+        return slabs.amax(-2)
+    top = slabs.detach().amax(-2, keepdim=True)
+    share = 1 + torch.sign(slabs.detach() - top)
+    return top[..., 0, :] + ((slabs - slabs.detach()) * (share / share.sum(-2, keepdim=True))).sum(-2)
+
+
+def _slab_lwta(x: Tensor, k: int) -> Tensor:
+    """LWTA of :func:`_slab_linear`'s output ``(P, B, out)``, in its slab order: each unit where it is the largest
+    of its group (ties pass together), else 0. The winners' mask is ``1 + sign(x - max)`` (1 where ``x`` is the max,
+    else 0), a float computed without a bool: Inductor's CPU code keeps a comparison's bool mask for the backward
+    and stores it four times slower than the float."""
+    slabs = x.unflatten(-1, (k, -1))
+    top = slabs.detach().amax(-2, keepdim=True)
+    return (slabs * (1 + torch.sign(slabs.detach() - top))).flatten(-2)
+
+
+def _slab_columns(weight: Tensor, k: int) -> Tensor:
+    """A Linear layer's stacked weight ``(P, out, units)`` with its columns in the slab order of :func:`_slab_linear`
+    for groups of ``k`` (it then takes an input in that order)."""
+    if k == 1:
+        return weight
+    P, out, units = weight.shape
+    return weight.unflatten(2, (units // k, k)).transpose(2, 3).reshape(P, out, units)
 
 
 def _td_losses(q_values: Callable[[Mapping[str, Tensor], Tensor], Tensor], gamma: float, params: Mapping[str, Tensor],
