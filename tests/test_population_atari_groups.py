@@ -56,6 +56,29 @@ def test_members_of_two_activations_are_the_runs_of_their_own_populations(algo):
     assert games == [alone[0].evaluate([7, 9], 1)[0], alone[1].evaluate([8], 1)[0], alone[0].evaluate([7, 9], 1)[1]]
 
 
+def test_a_member_diverging_in_one_sub_population_stops_alone():
+    """A ReLU member whose loss overflows (learning rate 1e30) between two Elephant members: it stops at the step its
+    own population of one stops (``diverged_at`` in member order) with the same training games, and the Elephant
+    members are the runs of their own population, bit for bit ("loop")."""
+    wild = Member(seed=1, learning_rate=1e30, buffer_size=120)
+    elephant = member_configs({**SETTINGS, "act": "elephant"}, [A, B])
+    [relu] = member_configs({**SETTINGS, "act": "relu"}, [wild])
+    groups = AtariGroups([elephant[0], relu, elephant[1]], [A, wild, B], implementation="loop")
+    groups.learn(STEPS)
+    alone = [AtariPopulation(elephant[0], [A, B], implementation="loop"),
+             AtariPopulation(relu, [wild], implementation="loop")]
+    for pop in alone:
+        pop.learn(STEPS)
+    at = groups.diverged_at
+    assert at[0] == at[2] == 0 and at[1] == alone[1].diverged_at[0] > 0
+    assert not torch.isfinite(groups.last_losses[1]) and torch.isfinite(groups.last_losses[[0, 2]]).all()
+    assert groups.episodes[1] == alone[1].episodes[0]
+    for m, j in ((0, 0), (2, 1)):
+        ours, theirs = groups.member_state(m), alone[0].member_state(j)
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), m
+        assert groups.episodes[m] == alone[0].episodes[j]
+
+
 def test_atari_runs_of_different_activations_group_into_one_population_and_classic_ones_do_not():
     atari = [resolve("dqn", {**SETTINGS, "act": act, "seed": s}) for act in ("elephant", "relu", "fta") for s in (0, 1)]
     assert len({POPULATION.group(c) for c in atari}) == 1 and POPULATION.refusal(atari) is None
