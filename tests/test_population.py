@@ -169,12 +169,18 @@ def test_bad_settings_are_refused():
 
 
 @pytest.mark.parametrize("group", ["maxout", "lwta"])
-@pytest.mark.parametrize("inputs, widths", [(2, [20]), (70, [20]), (2, [20, 10])])
-def test_the_compiled_forms_of_maxout_and_lwta_nets_are_their_modules_in_float64(group, inputs, widths):
+@pytest.mark.parametrize("inputs, layers", [
+    (2, "20 G 3"),  # slab form
+    (70, "20 G 3"),  # the module after a wide layer
+    (2, "20 G 10 G 3"),  # chained slab layers
+    (2, "20 G 10 relu 3"),  # a slab layer, then a Linear layer in plain order
+    (2, "20 G 10 maxout 3"), (2, "20 G 10 lwta 3")])  # one group size after another
+def test_the_compiled_forms_of_maxout_and_lwta_nets_are_their_modules_in_float64(group, inputs, layers):
     """The forward "compiled" compiles (here run eagerly), with the group max in slab form after a Linear of few
     inputs (:func:`agents.population.networks._slab_form`) and as the module after a wide one: outputs and
     gradients, through autograd (the population engine's "compiled") and through ``torch.func.grad`` (the device
-    step's), equal each member's own network's; ties split Maxout's gradient and pass LWTA's as the modules do."""
+    step's), equal each member's own network's; ties (two of a group's five units, and all five of another) split
+    Maxout's gradient and pass LWTA's as the modules do. ``G`` is the layer under test (k = 5)."""
     from torch import nn
     from torch.func import stack_module_state
 
@@ -182,20 +188,24 @@ def test_the_compiled_forms_of_maxout_and_lwta_nets_are_their_modules_in_float64
     from interference import LWTA, Maxout
 
     torch.manual_seed(0)
-    module = {"maxout": Maxout, "lwta": LWTA}[group]
+    modules = {"maxout": lambda: Maxout(5), "lwta": lambda: LWTA(5), "relu": nn.ReLU}
 
     def net() -> nn.Sequential:
-        layers, width = [], inputs
-        for w in widths:
-            layers += [nn.Linear(width, w), module(5)]
-            width = w // 5 if group == "maxout" else w
-        return nn.Sequential(*layers, nn.Linear(width, 3)).double()
+        built, width = [], inputs
+        for token in layers.replace("G", group).split():
+            if token.isdigit():
+                built.append(nn.Linear(width, int(token)))
+                width = int(token)
+            else:
+                built.append(modules[token]())
+                width = width // 5 if token == "maxout" else width
+        return nn.Sequential(*built).double()
 
     nets = [net() for _ in range(3)]
-    with torch.no_grad():  # a tie in every group of the first layer's first five units: equal rows
+    with torch.no_grad():  # units 0 and 1 tie as their group's winners; units 5-9 tie throughout
         for n in nets:
-            n[0].weight[1:5] = n[0].weight[0]
-            n[0].bias[1:5] = n[0].bias[0]
+            n[0].weight[1], n[0].bias[:2] = n[0].weight[0], 10.0
+            n[0].weight[6:10], n[0].bias[6:10] = n[0].weight[5], n[0].bias[5]
     stacked = stack_module_state(nets)[0]
     params = {k: v.detach().requires_grad_(True) for k, v in stacked.items()}
     x = torch.randn(3, 8, inputs, dtype=torch.float64)

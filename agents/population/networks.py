@@ -17,18 +17,16 @@ from agents.rl.envs import env_spaces
 from interference import FTA, LWTA, Elephant, Maxout, elephant
 
 #: how the members' networks run, fastest first: "compiled" (the batched network, TD loss and RMSprop step through
-#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a compile per population
-#: and process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager),
-#: both for MLPs of the layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched
-#: call of any module through torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very
-#: kernels SB3's DQN runs, bit for bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at
-#: least :data:`COMPILE_FROM` agent-steps, where the faster updates repay the compile, else "batched"; "batched"
-#: for networks with an LWTA layer that :func:`_slab_form` leaves out; "vmap" for networks the batched path does
-#: not know). The
-#: implementations agree to float rounding, which RL amplifies over a run: under "auto" a member's exact numbers
-#: depend on how many members share its population (in a grid, on ``population_size`` and what is left to run);
-#: name one (``implementation=`` of :func:`agents.population.run.run_population`) where runs must repeat bit for bit
-#: across groupings
+#: ``torch.compile``: one fused kernel where eager runs a dozen elementwise passes; costs a compile per population and
+#: process, and a C++ compiler), "batched" (batched matmuls with the fused Elephant kernel, eager), both for MLPs of the
+#: layers :func:`_batched_forward` knows and refused for other networks; "vmap" (one batched call of any module through
+#: torch.func, whose Elephant runs as plain ops); "loop" (one call per member: the very kernels SB3's DQN runs, bit for
+#: bit its updates; the slow twin of all three); "auto" ("compiled" for runs of at least :data:`COMPILE_FROM`
+#: agent-steps, where the faster updates repay the compile, else "batched"; "batched" for networks with an LWTA layer
+#: that :func:`_slab_form` leaves out; "vmap" for networks the batched path does not know). The implementations agree to
+#: float rounding, which RL amplifies over a run: under "auto" a member's exact numbers depend on how many members share
+#: its population (in a grid, on ``population_size`` and what is left to run); name one (``implementation=`` of
+#: :func:`agents.population.run.run_population`) where runs must repeat bit for bit across groupings
 IMPLEMENTATIONS = ("auto", "compiled", "batched", "vmap", "loop")
 #: members x env steps from which "auto" compiles
 COMPILE_FROM = 500_000
@@ -46,17 +44,19 @@ MATMUL_AFTER = (LWTA, FTA)
 def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, Tensor], Tensor], Tensor] | None:
     """``forward(stacked params, x (P, B, D)) -> (P, B, out)`` for an MLP of the layers it knows (Linear, LayerNorm,
     ReLU, per-unit learnable Elephant; Maxout, LWTA and FTA, which have no parameters and act on the last dimension,
-    run as themselves or, compiled, Maxout and LWTA in :func:`_slab_form`), as batched ops; None for any other module (it then runs through ``vmap``). ``compiled``: the
-    form ``torch.compile`` fuses best (the Elephant formula in plain ops; a narrow Linear layer, such as the Q head,
-    as one product-sum over its inputs per output, which Inductor fuses with the activation before it, where a
-    matmul of a few columns is a slow call); else eager kernels (baddbmm, the fused Elephant function)."""
+    run as themselves or, compiled, Maxout and LWTA in :func:`_slab_form`), as batched ops; None for any other module
+    (it then runs through ``vmap``). ``compiled``: the form ``torch.compile`` fuses best (the Elephant formula in
+    plain ops; a narrow Linear layer, such as the Q head, as one product-sum over its inputs per output, which
+    Inductor fuses with the activation before it, where a matmul of a few columns is a slow call); else eager
+    kernels (baddbmm, the fused Elephant function)."""
     if not isinstance(base, nn.Sequential):
         return None
     steps: list[Callable[[Mapping[str, Tensor], Tensor], Tensor]] = []
     previous: nn.Module | None = None
     previous_name = ""
     children = list(base.named_children())
-    slabs = linear_input = 1  # > 1: the next (the last) Linear layer's input in the slab order of this group size
+    # > 1: the slab order (of this group size) of the next Linear layer's input (slabs) and of the last one's
+    slabs = linear_input = 1
     for i, (name, mod) in enumerate(children):
         fuse = compiled and type(previous) not in MATMUL_AFTER
         if compiled and _slab_form(children, i):
@@ -70,7 +70,8 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
         previous, previous_name = mod, name
         if type(mod) is nn.Linear:  # the order its input comes in (kept should the next layer take the slab form)
             linear_input, slabs = slabs, 1
-        if type(mod) is nn.Linear and mod.bias is not None and fuse and mod.out_features <= NARROW:
+        if type(mod) is nn.Linear and mod.bias is not None and fuse and linear_input == 1 and \
+                mod.out_features <= NARROW:
             steps.append(lambda p, x, n=name, out=mod.out_features: torch.stack(
                 [(x * p[f"{n}.weight"][:, None, o]).sum(-1) for o in range(out)], -1) + p[f"{n}.bias"][:, None, :])
         elif type(mod) is nn.Linear and mod.bias is not None and linear_input > 1:
@@ -103,10 +104,12 @@ def _batched_forward(base: nn.Module, compiled: bool) -> Callable[[Mapping[str, 
 
 def _slab_form(children: Sequence[tuple[str, nn.Module]], i: int) -> bool:
     """Whether layer ``i`` of an MLP's ``(name, module)`` list runs in slab form under "compiled": a Maxout or LWTA
-    layer after a Linear layer of at most :data:`SLAB_INPUTS` inputs (whose weight is cheap to permute per call),
-    an LWTA layer also before a Linear layer. The Linear before it then computes its units slab by slab (unit ``j``
-    of every group first, :func:`_slab_linear`), so that the group max is a reduction over a strided dimension,
-    which Inductor vectorises along the slabs; LWTA's output stays in slab order and the Linear after it takes its
+    layer of ``k`` units per group after a Linear layer with a bias, at most :data:`SLAB_INPUTS` inputs and a
+    multiple of ``k`` outputs; an LWTA layer also before a Linear layer with a bias and at most :data:`SLAB_INPUTS`
+    outputs (the weights permuted per call: ``out x in`` copies per member, cheap against ``batch x out``
+    activations when ``out`` is small). The Linear before it then computes its units slab by slab (unit ``j`` of
+    every group first, :func:`_slab_linear`), so that the group max is a reduction over a strided dimension, which
+    Inductor vectorises along the slabs; LWTA's output stays in slab order and the Linear after it takes its
     weight's columns in that order (:func:`_slab_columns`). Elsewhere the module runs as itself."""
     mod = children[i][1]
     if type(mod) not in (Maxout, LWTA) or i == 0:
@@ -116,7 +119,8 @@ def _slab_form(children: Sequence[tuple[str, nn.Module]], i: int) -> bool:
             before.out_features % mod.k == 0):
         return False
     after = children[i + 1][1] if i + 1 < len(children) else None
-    return type(mod) is Maxout or (type(after) is nn.Linear and after.bias is not None)
+    return type(mod) is Maxout or (type(after) is nn.Linear and after.bias is not None and
+                                   after.out_features <= SLAB_INPUTS)
 
 
 def eager_faster(base: nn.Module) -> bool:
@@ -140,7 +144,9 @@ def _slab_max(x: Tensor, k: int) -> Tensor:
     evenly among ties (as Maxout's). Where autograd records it outside ``torch.func``, written as the max plus a term
     that is 0 but carries that gradient, with the winners' mask ``1 + sign(x - max)`` as a float: Inductor's CPU code
     keeps ``amax``'s bool mask for the backward and stores it several times slower than the float (under
-    ``torch.func.grad`` the forward and backward compile as one graph and ``amax`` is the faster)."""
+    ``torch.func.grad`` the forward and backward compile as one graph and ``amax`` is the faster). In that form an
+    infinite input gives nan (``inf - inf``) where ``amax`` gives inf or, for an infinite loser, the finite max: the
+    member's loss is then not finite, and it stops as diverged where the module's run might go on."""
     slabs = x.unflatten(-1, (k, -1))
     if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():  # (as interference.elephant)
         return slabs.amax(-2)
@@ -153,7 +159,8 @@ def _slab_lwta(x: Tensor, k: int) -> Tensor:
     """LWTA of :func:`_slab_linear`'s output ``(P, B, out)``, in its slab order: each unit where it is the largest
     of its group (ties pass together), else 0. The winners' mask is ``1 + sign(x - max)`` (1 where ``x`` is the max,
     else 0), a float computed without a bool: Inductor's CPU code keeps a comparison's bool mask for the backward
-    and stores it four times slower than the float."""
+    and stores it several times slower than the float. (``sign(nan)`` is 0 in ATen and Inductor alike: a winner of
+    +inf, where ``x - max`` is nan, passes as the module passes it.)"""
     slabs = x.unflatten(-1, (k, -1))
     top = slabs.detach().amax(-2, keepdim=True)
     return (slabs * (1 + torch.sign(slabs.detach() - top))).flatten(-2)
