@@ -8,14 +8,16 @@ score is the authors' (qlan3/Elephant ``analysis``): the mean return of its last
 (``episode_return``, raw rewards), then mean ± SE over seeds. Per algorithm, task and buffer size:
 
 * training returns, a trailing mean of 20 episodes, mean ± SE over seeds;
-* a table: last-10% return (mean ± SE), seeds, env steps, env steps/s (``summary.json``).
+* a table: last-10% return (mean ± SE), all-episode return (the mean return of all its training episodes: the area
+  under the learning curve per episode, a measure of sample efficiency; mean ± SE), seeds, env steps, env steps/s
+  (``summary.json``).
 
 Per algorithm, where a task was run with several buffer sizes: the paper's buffer-size figure (last-10% return
 against buffer size, one panel per task, a line per activation). Across tasks, per algorithm, buffer size and
 activation: the IQM and mean of min-max normalised scores (each task's scores mapped to [0, 1] by the lowest and
 highest run of that task, algorithm and buffer size), with 95% stratified-bootstrap CIs (rliable); a task with fewer
 seeds than the others cuts every task to its seeds. Then Elephant against each other activation: per task, the
-difference of the means and whether the SE intervals overlap.
+difference of the means and whether the SE intervals overlap, for the last-10% and the all-episode returns.
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ class Group:
     config: dict
     runs: list[Run]
 
-    def scores(self) -> list[float]:
-        """Each run's last-10% training return, by seed."""
-        return [final_return(r) for r in sorted(self.runs, key=lambda r: r.seed) if "episode_return" in r.scalars]
+    def scores(self, fraction: float = 0.1) -> list[float]:
+        """Each run's mean return over the last ``fraction`` of its training episodes (1: all of them), by seed."""
+        return [final_return(r, fraction) for r in sorted(self.runs, key=lambda r: r.seed)
+                if "episode_return" in r.scalars]
 
 
 def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
@@ -140,23 +143,30 @@ def normalised_aggregates(found: Sequence[Group], reps: int = 2000) -> list[list
     return rows
 
 
+def _versus(mine: tuple[float, float], theirs: tuple[float, float]) -> list[str]:
+    """``[Elephant - it, SE intervals]`` for two (mean, SE) pairs."""
+    (me, se), (m, s) = mine, theirs
+    apart = abs(me - m) > np.nan_to_num(se) + np.nan_to_num(s)
+    return [f"{me - m:+.1f}", ("Elephant higher" if me > m else "Elephant lower") if apart else "overlap"]
+
+
 def elephant_against(found: Sequence[Group]) -> list[list[str]]:
-    """Rows ``[agent, task, buffer, against, Elephant - it, SE intervals]``: per task and buffer size, Elephant's
-    mean last-10% return minus each other activation's, and whether their mean ± SE intervals overlap."""
-    cells: dict[tuple[str, str, int | None], dict[str, tuple[float, float]]] = defaultdict(dict)
+    """Rows ``[agent, task, buffer, against, Elephant - it, SE intervals, Elephant - it (all episodes), SE intervals
+    (all episodes)]``: per task and buffer size, Elephant's mean last-10% return, then its mean all-episode return,
+    minus each other activation's, and whether their mean ± SE intervals overlap."""
+    cells: dict[tuple[str, str, int | None], dict[str, Group]] = defaultdict(dict)
     for g in found:
-        cells[(g.algo, g.env, g.buffer_size)][g.act] = mean_sem(g.scores())
+        cells[(g.algo, g.env, g.buffer_size)][g.act] = g
     rows = []
     for (algo, env, buffer), by_act in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
         if "elephant" not in by_act:
             continue
-        me, se = by_act["elephant"]
-        for act, (m, s) in sorted(by_act.items()):
-            if act == "elephant":
-                continue
-            apart = abs(me - m) > np.nan_to_num(se) + np.nan_to_num(s)
-            verdict = ("Elephant higher" if me > m else "Elephant lower") if apart else "overlap"
-            rows.append([algo.upper(), env, _buffer_text(buffer), act, f"{me - m:+.1f}", verdict])
+        me = by_act["elephant"]
+        for act, g in sorted(by_act.items()):
+            if act != "elephant":
+                rows.append([algo.upper(), env, _buffer_text(buffer), act,
+                             *_versus(mean_sem(me.scores()), mean_sem(g.scores())),
+                             *_versus(mean_sem(me.scores(1.0)), mean_sem(g.scores(1.0)))])
     return rows
 
 
@@ -173,9 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (algo, env, buffer), gs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
         gs = sorted(gs, key=lambda g: g.act)
         for g in gs:
-            rows.append([algo.upper(), env, _buffer_text(buffer), g.act, format_mean_sem(*mean_sem(g.scores()), digits=1),
-                         str(len(g.runs)), f"{int(g.config['n_timesteps']):,}",
-                         f"{summary_mean(g.runs, 'steps_per_second'):.0f}"])
+            rows.append([algo.upper(), env, _buffer_text(buffer), g.act,
+                         *(format_mean_sem(*mean_sem(g.scores(f)), digits=1) for f in (0.1, 1.0)), str(len(g.runs)),
+                         f"{int(g.config['n_timesteps']):,}", f"{summary_mean(g.runs, 'steps_per_second'):.0f}"])
         curves = {g.act: c for g in gs if (c := learning_curve(g.runs, window=20)) is not None}
         if curves:
             slug = f"{algo}_{env}" + (f"_buffer{buffer}" if buffer is not None else "")
@@ -191,18 +201,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             sections["Buffer size (the paper's figure)"].append((f"{algo.upper()}: return against buffer size",
                                                                  f"{algo}_buffers.png"))
     tables = [Table("Return over the last 10% of training episodes (mean ± SE over seeds)",
-                    ["agent", "task", "buffer", "activation", "last-10% return", "seeds", "steps per run",
-                     "env steps/s"], rows)]
+                    ["agent", "task", "buffer", "activation", "last-10% return", "all-episode return", "seeds",
+                     "steps per run", "env steps/s"], rows)]
     if aggregated := normalised_aggregates(found):
         tables.append(Table("Across tasks: min-max normalised last-10% returns (IQM and mean, 95% CIs)",
                             ["agent", "buffer", "activation", "tasks", "seeds per task", "IQM", "mean"], aggregated))
     if against := elephant_against(found):
         tables.append(Table("Elephant against each activation (difference of means; mean ± SE intervals)",
-                            ["agent", "task", "buffer", "against", "Elephant - it", "SE intervals"], against))
+                            ["agent", "task", "buffer", "against", "Elephant - it", "SE intervals",
+                             "Elephant - it (all episodes)", "SE intervals (all episodes)"], against))
     notes = ["Score: the mean return of a run's last 10% of training episodes (raw rewards, before any reward "
-             "normalisation), the authors' protocol; then mean ± SE over seeds.",
-             "Normalised: each task's scores mapped to [0, 1] by the lowest and highest run of that task, algorithm and "
-             "buffer size among the activations compared; IQM and mean by rliable with stratified-bootstrap CIs."]
+             "normalisation), the authors' protocol; then mean ± SE over seeds. All-episode return: the mean over all "
+             "its training episodes (the area under its learning curve per episode: sample efficiency).",
+             "Normalised: each task's scores mapped to [0, 1] by the lowest and highest run of that task, algorithm "
+             "and buffer size among the activations compared; IQM and mean by rliable with stratified-bootstrap CIs."]
     return publish_study(out, "MuJoCo: PPO and SAC", tables, dict(sections), notes, rows)
 
 

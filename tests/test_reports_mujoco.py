@@ -16,6 +16,7 @@ from runlog import read_run
 
 pytestmark = pytest.mark.long
 
+VERDICTS = {"Elephant higher", "Elephant lower", "overlap"}
 SHORT = ["max_episode_steps=40", "probe_inputs=8"]
 #: (algorithm, activation, flags): the paper's settings, shortened
 PPO_ACTS = ("elephant", "relu", "tanh", "fta", "maxout", "lwta")
@@ -68,12 +69,14 @@ def test_the_report_tables_buffers_and_aggregates(runs, tmp_path, capsys):
     against = mujoco.elephant_against(found)
     assert {(r[0], r[2], r[3]) for r in against} == {("PPO", "", a) for a in PPO_ACTS[1:]} | \
         {("SAC", "100", "relu")} | {("SAC", "1,000", a) for a in ("relu", "fta", "maxout", "lwta")}
+    assert all(len(r) == 8 and r[5] in VERDICTS and r[7] in VERDICTS for r in against)
 
 
-def test_scores_are_the_mean_of_the_last_tenth_of_training_episodes(runs):
+def test_scores_are_the_mean_of_the_last_tenth_or_all_of_the_training_episodes(runs):
     found, _ = mujoco.groups([read_run(p) for p in runs.rglob("run.h5")])
     g = next(g for g in found if g.algo == "ppo" and g.act == "relu")
     run = min(g.runs, key=lambda r: r.seed)
     _, returns = run.scalars["episode_return"]
     k = int(np.ceil(0.1 * len(returns)))
     assert g.scores()[0] == pytest.approx(float(np.mean(returns[-k:])))
+    assert g.scores(1.0)[0] == pytest.approx(float(np.mean(returns)))
