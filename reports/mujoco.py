@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             save(fig, out / f"{algo}_buffers.png")
             sections["Buffer size (the paper's figure)"].append((f"{algo.upper()}: return against buffer size",
                                                                  f"{algo}_buffers.png"))
-    tables = [Table("Return over the last 10% of training episodes (mean ± SE over seeds)",
+    tables = [Table("Training returns: last 10% and all episodes (mean ± SE over seeds)",
                     ["agent", "task", "buffer", "activation", "last-10% return", "all-episode return", "seeds",
                      "steps per run", "env steps/s"], rows)]
     if aggregated := normalised_aggregates(found):
