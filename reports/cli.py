@@ -14,8 +14,12 @@ from typing import Any
 from runlog import check_logs
 from runlog import Run, RunLogError, find_runs, read_run
 
-__all__ = ["OutputDirError", "load_runs", "output_dir", "steps_arg", "study_parser", "study_inputs", "open_study",
-           "publish_study", "warn"]
+__all__ = ["OutputDirError", "StudyInputError", "load_runs", "output_dir", "steps_arg", "study_parser", "study_inputs",
+           "open_study", "publish_study", "warn"]
+
+
+class StudyInputError(ValueError):
+    """The runs given to a study cannot be reported together (e.g. two configs where the study expects one)."""
 
 
 class OutputDirError(ValueError):
@@ -136,7 +140,7 @@ def open_study(prog: str, description: str, argv: Sequence[str] | None,
     try:
         runs = load_runs(args.paths)
         items, out = study_inputs(runs, args.out, select, f"no {what} under {', '.join(map(str, args.paths))}")
-    except (RunLogError, OutputDirError) as err:
+    except (RunLogError, OutputDirError, StudyInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return None
     return runs, items, out

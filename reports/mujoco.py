@@ -3,7 +3,9 @@
     python -m reports.mujoco RUNS_DIR [MORE ...] -o OUT/
 
 Runs (PPO or SAC on the paper's MuJoCo tasks: HalfCheetah, Hopper, Walker2d, Ant, Reacher, Swimmer; finished) are
-grouped by algorithm, task, activation, buffer size (SAC) and the rest of their config (the seed aside). A run's
+grouped by algorithm, task, activation, buffer size (SAC) and the rest of their config (the seed aside); runs of one
+algorithm, task, activation and buffer size in two configs (another length, learning rate, ...) are refused with the
+settings that differ: report them separately. A run's
 score is the authors' (qlan3/Elephant ``analysis``): the mean return of its last 10% of training episodes
 (``episode_return``, raw rewards), then mean ± SE over seeds. Per algorithm, task and buffer size:
 
@@ -15,7 +17,8 @@ score is the authors' (qlan3/Elephant ``analysis``): the mean return of its last
 Per algorithm, where a task was run with several buffer sizes: the paper's buffer-size figure (last-10% return
 against buffer size, one panel per task, a line per activation). Across tasks, per algorithm, buffer size and
 activation: the IQM and mean of min-max normalised scores (each task's scores mapped to [0, 1] by the lowest and
-highest run of that task, algorithm and buffer size), with 95% stratified-bootstrap CIs (rliable); a task with fewer
+highest run of that task and algorithm over all its buffer sizes, so that rows of two buffer sizes compare), with 95%
+stratified-bootstrap CIs (rliable); a task with fewer
 seeds than the others cuts every task to its seeds. Then Elephant against each other activation: per task, the
 difference of the means and whether the SE intervals overlap, for the last-10% and the all-episode returns.
 """
@@ -32,8 +35,8 @@ from matplotlib.figure import Figure
 
 from runlog import Run
 
-from .cli import open_study, publish_study
-from .data import config_key, final_return, finished, format_mean_sem, learning_curve, mean_sem, summary_mean
+from .cli import StudyInputError, open_study, publish_study
+from .data import config_key, config_labels, final_return, finished, format_mean_sem, learning_curve, mean_sem, summary_mean
 from .html import Table
 from .plots import activation_color, buffer_axes, buffer_line, mean_curves, save
 
@@ -69,7 +72,7 @@ class Group:
 
 def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
     """Finished PPO/SAC runs on the MuJoCo tasks, grouped by config except the seed; a warning per such run left
-    out."""
+    out. Raises StudyInputError if two groups share algorithm, task, activation and buffer size."""
     found: dict[str, Group] = {}
     warnings = []
     for run in sorted(runs, key=lambda r: r.path):
@@ -84,6 +87,15 @@ def groups(runs: Sequence[Run]) -> tuple[list[Group], list[str]]:
             continue
         buffer = int(c["buffer_size"]) if c["algo"] == "sac" else None
         found.setdefault(config_key(c), Group(c["algo"], c["env"], c["act"], buffer, c, [])).runs.append(run)
+    cells: dict[tuple, list[Group]] = defaultdict(list)
+    for g in found.values():
+        cells[(g.algo, g.env, g.act, g.buffer_size)].append(g)
+    for (algo, env, act, buffer), clash in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        if len(clash) > 1:
+            labels = config_labels([g.config for g in clash])
+            raise StudyInputError(
+                f"{algo.upper()} {act} on {env}" + (f" with a buffer of {buffer:,}" if buffer is not None else "")
+                + f" in {len(clash)} configs ({'; '.join(labels)}): report them separately")
     return list(found.values()), warnings
 
 
@@ -120,20 +132,25 @@ def normalised_aggregates(found: Sequence[Group], reps: int = 2000) -> list[list
     by: dict[tuple[str, int | None], dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(dict))
     for g in found:
         by[(g.algo, g.buffer_size)][g.env][g.act] = g.scores()
-    rows = []
+    cells = []
     for (algo, buffer), envs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         acts = sorted(set.intersection(*(set(a) for a in envs.values())))
-        if len(acts) < 2:
-            continue
-        n = min(len(envs[e][a]) for e in envs for a in acts)
-        if n < 1:
-            continue
+        n = min(len(envs[e][a]) for e in envs for a in acts) if acts else 0
+        if len(acts) >= 2 and n >= 1:
+            cells.append((algo, buffer, envs, acts, n))
+    ranges: dict[tuple[str, str], tuple[float, float]] = {}  # (algo, task) -> lowest and highest run, all buffers
+    for algo, _, envs, acts, n in cells:
+        for env, by_act in envs.items():
+            pool = np.concatenate([by_act[a][:n] for a in acts])
+            lo, hi = ranges.get((algo, env), (np.inf, -np.inf))
+            ranges[(algo, env)] = (min(lo, float(pool.min())), max(hi, float(pool.max())))
+    rows = []
+    for algo, buffer, envs, acts, n in cells:
         matrices = {}
         for act in acts:
             cols = []
             for env, by_act in sorted(envs.items()):
-                pool = np.concatenate([by_act[a][:n] for a in acts])
-                lo, hi = float(pool.min()), float(pool.max())
+                lo, hi = ranges[(algo, env)]
                 cols.append((np.asarray(by_act[act][:n]) - lo) / (hi - lo) if hi > lo else np.full(n, 0.5))
             matrices[act] = np.stack(cols, axis=1)  # (seeds, tasks)
         for agg in aggregates({0: matrices}, reps=reps):
@@ -213,8 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes = ["Score: the mean return of a run's last 10% of training episodes (raw rewards, before any reward "
              "normalisation), the authors' protocol; then mean ± SE over seeds. All-episode return: the mean over all "
              "its training episodes (the area under its learning curve per episode: sample efficiency).",
-             "Normalised: each task's scores mapped to [0, 1] by the lowest and highest run of that task, algorithm "
-             "and buffer size among the activations compared; IQM and mean by rliable with stratified-bootstrap CIs."]
+             "Normalised: each task's scores mapped to [0, 1] by the lowest and highest run of that task and "
+             "algorithm among the activations compared, over all its buffer sizes (rows of two buffer sizes "
+             "compare); IQM and mean by rliable with stratified-bootstrap CIs."]
     return publish_study(out, "MuJoCo: PPO and SAC", tables, dict(sections), notes, rows)
 
 
