@@ -87,3 +87,39 @@ def test_act_layers_is_refused_where_it_cannot_hold():
 
     with pytest.raises(ValueError, match="act_layers must be one of all, last, got 'first'"):
         act_blocks(4, [8, 8], "fta", {"k": 4, "bound": 2}, act_layers="first")
+
+
+def _grid(name: str, tmp_path) -> list:
+    from pathlib import Path
+
+    from agents.grid.planning import plan
+    from agents.grid.spec import load_grid
+
+    return plan(load_grid(Path(__file__).parents[1] / "agents" / "grids" / name), tmp_path)
+
+
+def test_the_policy_gradient_grids_plan_the_runs_their_pages_report(tmp_path):
+    """The shipped grids resolve to the configs above (the authors' settings) and the lengths, buffers, activations
+    and seeds their comments and reproduction pages state."""
+    ppo = _grid("pg_ppo.yml", tmp_path / "ppo")
+    assert len(ppo) == 108 and {(r.config["env"], r.config["act"], r.config["seed"]) for r in ppo} == \
+        {(e, a, s) for e in TASKS for a in (*PPO, "relu") for s in (0, 1, 2)}
+    for r in ppo:
+        assert r.config == resolve("ppo", {"env": r.config["env"], "act": r.config["act"], "seed": r.config["seed"],
+                                           "n_timesteps": 300_000, "progress": False})
+    sac = _grid("pg_sac_buffers.yml", tmp_path / "sac")
+    assert len(sac) == 54 and {(r.config["env"], r.config["act"], r.config["buffer_size"], r.config["seed"])
+                               for r in sac} == {(e, a, b, s) for e in ("Swimmer-v4", "Reacher-v4")
+                                                 for a in ("elephant", "relu", "fta") for b in (1000, 10_000, 100_000)
+                                                 for s in (0, 1, 2)}
+    assert all(r.config["n_timesteps"] == 100_000 and r.config["learning_starts"] == 10_000 for r in sac)
+    robot = _grid("pg_reacher_proxy.yml", tmp_path / "robot")  # the robot setting's SAC on Reacher
+    assert len(robot) == 20 and {(r.config["act"], r.config["buffer_size"], r.config["seed"]) for r in robot} == \
+        {(a, b, s) for a in ("elephant", "relu") for b in (2000, 200_000) for s in range(5)}
+    for r in robot:
+        c = r.config
+        assert (c["env"], c["n_timesteps"], c["derived"]["hidden"]) == ("Reacher-v4", 100_000,
+                                                                         {"pi": [256, 256], "qf": [256, 256]})
+        assert (c["learning_rate"], c["train_freq"], c["gradient_steps"], c["batch_size"]) == (3e-4, 2, 1, 64)
+        if c["act"] == "elephant":
+            assert c["act_kwargs"] == {"d": 4, "h": 1, "a": 1.0} and c["sigma_bias"] == 1.6
