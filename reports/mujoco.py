@@ -5,9 +5,9 @@
 Runs (PPO or SAC on the paper's MuJoCo tasks: HalfCheetah, Hopper, Walker2d, Ant, Reacher, Swimmer; finished) are
 grouped by algorithm, task, activation, buffer size (SAC) and the rest of their config (the seed aside); runs of one
 algorithm, task, activation and buffer size in two configs (another length, learning rate, ...) are refused with the
-settings that differ: report them separately. A run's
-score is the authors' (qlan3/Elephant ``analysis``): the mean return of its last 10% of training episodes
-(``episode_return``, raw rewards), then mean ± SE over seeds. Per algorithm, task and buffer size:
+settings that differ: report them separately. A run's score is the authors' (qlan3/Elephant ``analysis``): the
+mean return of its last 10% of training episodes (``episode_return``, raw rewards), then mean ± SE over seeds. Per
+algorithm, task and buffer size:
 
 * training returns, a trailing mean of 20 episodes, mean ± SE over seeds;
 * a table: last-10% return (mean ± SE), all-episode return (the mean return of all its training episodes: the area
@@ -18,9 +18,9 @@ Per algorithm, where a task was run with several buffer sizes: the paper's buffe
 against buffer size, one panel per task, a line per activation). Across tasks, per algorithm, buffer size and
 activation: the IQM and mean of min-max normalised scores (each task's scores mapped to [0, 1] by the lowest and
 highest run of that task and algorithm over all its buffer sizes, so that rows of two buffer sizes compare), with 95%
-stratified-bootstrap CIs (rliable); a task with fewer
-seeds than the others cuts every task to its seeds. Then Elephant against each other activation: per task, the
-difference of the means and whether the SE intervals overlap, for the last-10% and the all-episode returns.
+stratified-bootstrap CIs (rliable); a task with fewer seeds than the others cuts every task to its seeds. Then
+Elephant against each other activation: per task, the difference of the means and whether the SE intervals overlap,
+for the last-10% and the all-episode returns.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from matplotlib.figure import Figure
 from runlog import Run
 
 from .cli import StudyInputError, open_study, publish_study
-from .data import config_key, config_labels, final_return, finished, format_mean_sem, learning_curve, mean_sem, summary_mean
+from .data import (config_key, config_labels, final_return, finished, format_mean_sem, learning_curve, mean_sem,
+                   summary_mean)
 from .html import Table
 from .plots import activation_color, buffer_axes, buffer_line, mean_curves, save
 

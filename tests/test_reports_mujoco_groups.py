@@ -23,8 +23,9 @@ def _run(act: str, buffer: int, seed: int, returns: list[float], env: str = "Swi
 def test_one_cell_in_two_configs_is_refused_with_the_settings_that_differ():
     runs = [_run("elephant", 1000, s, [1.0]) for s in (0, 1)] + \
         [_run("elephant", 1000, 0, [2.0], learning_rate=3e-4)]
-    with pytest.raises(StudyInputError, match=r"SAC elephant on Swimmer-v4 with a buffer of 1,000 in 2 configs "
-                                              r"\(learning_rate=0\.0003; learning_rate=0\.001\): report them separately"):
+    refused = (r"SAC elephant on Swimmer-v4 with a buffer of 1,000 in 2 configs "
+               r"\(learning_rate=0\.0003; learning_rate=0\.001\): report them separately")
+    with pytest.raises(StudyInputError, match=refused):
         mujoco.groups(runs)
 
 
