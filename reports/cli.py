@@ -117,7 +117,8 @@ def study_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def study_inputs(runs: Sequence[Run], out: str | os.PathLike, select: Callable[[list[Run]], tuple[list[Any], list[str]]],
+def study_inputs(runs: Sequence[Run], out: str | os.PathLike,
+                 select: Callable[[list[Run]], tuple[list[Any], list[str]]],
                  nothing: str) -> tuple[list[Any], Path]:
     """The items a study's ``select`` makes of `runs` (its warnings printed), and the output folder.
 

@@ -30,9 +30,11 @@ def test_sac_on_mujoco_is_the_authors_sac(env, act):
     assert c["derived"]["hidden"] == {"pi": widths, "qf": widths}
     assert c.get("act_layers", "all") == ("last" if last_only else "all")
     assert c["act_kwargs"] == kwargs and c["sigma_bias"] == sigma and c["layer_norm"] == (act == "elephant")
-    assert (c["learning_rate"], c["lr_schedule"], c["optimizer"], c["optimizer_kwargs"]) == (1e-3, "constant", "adam", {})
+    assert (c["learning_rate"], c["lr_schedule"], c["optimizer"], c["optimizer_kwargs"]) == (1e-3, "constant", "adam",
+                                                                                           {})
     assert (c["batch_size"], c["buffer_size"], c["gamma"], c["tau"]) == (256, 1_000_000, 0.99, 0.005)
-    assert (c["learning_starts"], c["train_freq"], c["gradient_steps"], c["target_update_interval"]) == (10_000, 1, 1, 1)
+    assert (c["learning_starts"], c["train_freq"], c["gradient_steps"],
+            c["target_update_interval"]) == (10_000, 1, 1, 1)
     assert c["ent_coef"] == "auto" and c["target_entropy"] == -TASKS[env] / 2
     assert not c.get("normalize_obs") and not c.get("normalize_reward") and c["n_timesteps"] == 1_000_000
 
