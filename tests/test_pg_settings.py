@@ -112,7 +112,7 @@ def test_the_policy_gradient_grids_plan_the_runs_their_pages_report(tmp_path):
     sac = _grid("pg_sac_buffers.yml", tmp_path / "sac")
     assert len(sac) == 54 and {(r.config["env"], r.config["act"], r.config["buffer_size"], r.config["seed"])
                                for r in sac} == {(e, a, b, s) for e in ("Swimmer-v4", "Reacher-v4")
-                                                 for a in ("elephant", "relu", "fta") for b in (1000, 10_000, 100_000)
+                                                 for a in ("elephant", "relu", "lwta") for b in (1000, 10_000, 100_000)
                                                  for s in (0, 1, 2)}
     assert all(r.config["n_timesteps"] == 100_000 and r.config["learning_starts"] == 10_000 for r in sac)
     robot = _grid("pg_reacher_proxy.yml", tmp_path / "robot")  # the robot setting's SAC on Reacher
