@@ -6,8 +6,12 @@ standard-deviation head, a documented deviation)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from agents.grid.planning import plan
+from agents.grid.spec import load_grid
 from agents.rl.config import resolve
 from agents.rl.run import build_model
 
@@ -91,12 +95,7 @@ def test_act_layers_is_refused_where_it_cannot_hold():
         act_blocks(4, [8, 8], "fta", {"k": 4, "bound": 2}, act_layers="first")
 
 
-def _grid(name: str, tmp_path) -> list:
-    from pathlib import Path
-
-    from agents.grid.planning import plan
-    from agents.grid.spec import load_grid
-
+def _grid(name: str, tmp_path: Path) -> list:
     return plan(load_grid(Path(__file__).parents[1] / "agents" / "grids" / name), tmp_path)
 
 
