@@ -20,7 +20,7 @@ activation: the IQM and mean of min-max normalised scores (each task's scores ma
 highest run of that task and algorithm over all its buffer sizes, so that rows of two buffer sizes compare), with 95%
 stratified-bootstrap CIs (rliable); a task with fewer seeds than the others cuts every task to its seeds. Then
 Elephant against each other activation: per task, the difference of the means and whether the SE intervals overlap,
-for the last-10% and the all-episode returns.
+for the last-10% and the all-episode returns (no verdict where a side has a single seed: it has no SE).
 """
 
 from __future__ import annotations
@@ -161,17 +161,24 @@ def normalised_aggregates(found: Sequence[Group], reps: int = 2000) -> list[list
     return rows
 
 
+#: the verdict where a side has a single seed: no SE, so no claim either way
+NO_SE = "one seed: no SE"
+
+
 def _versus(mine: tuple[float, float], theirs: tuple[float, float]) -> list[str]:
-    """``[Elephant - it, SE intervals]`` for two (mean, SE) pairs."""
+    """``[Elephant - it, SE intervals]`` for two (mean, SE) pairs: "Elephant higher" or "Elephant lower" where the
+    mean ± SE intervals are apart, "overlap" where not, :data:`NO_SE` where either SE is NaN (one seed)."""
     (me, se), (m, s) = mine, theirs
-    apart = abs(me - m) > np.nan_to_num(se) + np.nan_to_num(s)
+    if not (np.isfinite(se) and np.isfinite(s)):
+        return [f"{me - m:+.1f}", NO_SE]
+    apart = abs(me - m) > se + s
     return [f"{me - m:+.1f}", ("Elephant higher" if me > m else "Elephant lower") if apart else "overlap"]
 
 
 def elephant_against(found: Sequence[Group]) -> list[list[str]]:
     """Rows ``[agent, task, buffer, against, Elephant - it, SE intervals, Elephant - it (all episodes), SE intervals
     (all episodes)]``: per task and buffer size, Elephant's mean last-10% return, then its mean all-episode return,
-    minus each other activation's, and whether their mean ± SE intervals overlap."""
+    minus each other activation's, and whether their mean ± SE intervals overlap (:func:`_versus`)."""
     cells: dict[tuple[str, str, int | None], dict[str, Group]] = defaultdict(dict)
     for g in found:
         cells[(g.algo, g.env, g.buffer_size)][g.act] = g

@@ -49,3 +49,19 @@ def test_tasks_are_normalised_over_all_their_buffer_sizes():
     for (act, buffer), vs in scores.items():
         expected = (np.mean(vs) - lo) / (hi - lo)
         assert rows[(f"{buffer:,}", act)][6].startswith(f"{expected:.3f}"), (act, buffer)
+
+
+def test_elephant_against_gives_a_verdict_only_where_both_sides_have_an_se():
+    """Apart intervals name the higher side, touching ones overlap, and a single-seed side (no SE) gets no verdict:
+    one run each must not read as "Elephant higher"."""
+    runs = [_run("elephant", 1000, s, [r]) for s, r in ((0, 10.0), (1, 12.0))] + \
+        [_run("relu", 1000, s, [r]) for s, r in ((0, 4.0), (1, 6.0))] + \
+        [_run("lwta", 1000, s, [r]) for s, r in ((0, 9.0), (1, 11.0))] + \
+        [_run("elephant", 100, 0, [3.0]), _run("relu", 100, 0, [1.0])] + \
+        [_run("relu", 10, s, [r]) for s, r in ((0, 1.0), (1, 3.0))] + [_run("elephant", 10, 0, [0.0])]
+    found, _ = mujoco.groups(runs)
+    rows = {(r[2], r[3]): (r[4], r[5], r[7]) for r in mujoco.elephant_against(found)}
+    assert rows == {("1,000", "relu"): ("+6.0", "Elephant higher", "Elephant higher"),  # 11 ± 1 vs 5 ± 1
+                    ("1,000", "lwta"): ("+1.0", "overlap", "overlap"),                  # 11 ± 1 vs 10 ± 1
+                    ("100", "relu"): ("+2.0", mujoco.NO_SE, mujoco.NO_SE),
+                    ("10", "relu"): ("-2.0", mujoco.NO_SE, mujoco.NO_SE)}
