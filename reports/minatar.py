@@ -9,8 +9,9 @@ a group shows mean ± standard error over seeds (std with ddof=1 / sqrt(n)). The
 too: runs that never update (``learning_starts >= n_timesteps``: SB3 acts uniformly at random until then) on the
 same env id and env settings (MinAtar's sticky actions and difficulty ramping): mean ± SE over all their episodes.
 A group is "above random" when its mean exceeds the random mean by more than 3 combined standard errors
-(``3 sqrt(SE_agent^2 + SE_random^2)``). Env steps per second come from each run's ``summary.json`` (wall time of
-the whole run, random steps and updates included) and so does the parameter count (the networks trained).
+(``3 sqrt(SE_agent^2 + SE_random^2)``; no verdict for a single seed). Env steps per second come from each run's
+``summary.json`` (wall time of the whole run, random steps and updates included) and so does the parameter count
+(the networks trained).
 
 The sensitivity figure takes the Elephant DQN runs that differ in ``act_kwargs.a`` / ``act_kwargs.d`` only, and the
 ReLU DQN runs of the same env and budget as the reference line (mean ± SE band).
@@ -115,6 +116,19 @@ def random_baseline(runs: Sequence[Run]) -> tuple[float, float, int]:
     return float(r.mean()), float(r.std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else math.nan, len(r)
 
 
+def above_random(mean: float, sem: float, r_mean: float, r_sem: float) -> str:
+    """"yes" where ``mean > r_mean + 3 sqrt(sem^2 + r_sem^2)``, else "no"; "(no baseline)" where the random mean is
+    NaN, "(one seed: no SE)" where ``sem`` is (a single seed: no claim either way) and "(one episode: no SE)" where
+    ``r_sem`` is."""
+    if not math.isfinite(r_mean):
+        return "(no baseline)"
+    if not math.isfinite(sem):
+        return "(one seed: no SE)"
+    if not math.isfinite(r_sem):
+        return "(one episode: no SE)"
+    return "yes" if mean - r_mean > 3 * math.sqrt(sem ** 2 + r_sem ** 2) else "no"
+
+
 def _main_groups(all_groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
     """Per (algo, env): the groups at the activation's default arguments (the sensitivity points aside)."""
     by: dict[tuple[str, str], list[Group]] = defaultdict(list)
@@ -193,10 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (algo, env), gs in sorted(main_groups.items()):
         r_mean, r_sem, _ = random.get(env, (math.nan, math.nan, 0))
         for g in gs:
-            margin = g.mean - r_mean - 3 * math.sqrt(np.nan_to_num(g.sem) ** 2 + np.nan_to_num(r_sem) ** 2)
-            above = "yes" if margin > 0 else "no" if math.isfinite(margin) else "(no baseline)"
             rows.append([algo, env, g.act, format_mean_sem(g.mean, g.sem), str(len(g.runs)), format_mean_sem(r_mean, r_sem),
-                         above, f"{g.steps_per_second:.0f}",
+                         above_random(g.mean, g.sem, r_mean, r_sem), f"{g.steps_per_second:.0f}",
                          f"{g.parameters:,.0f}" if math.isfinite(g.parameters) else "", f"{int(g.config['n_timesteps']):,}"])
         curves = {g.act: learning_curve(g.runs, window=20) for g in gs}
         colors = {g.act: activation_color(g.act) for g in gs}
