@@ -30,7 +30,7 @@ __all__ = [
     "learning_curve", "final_return", "probe_series", "layer_names", "model_layers", "entry_labels",
     "training_length", "finished", "run_end", "default_steps", "nearest_record", "select_records", "gradcov_losses",
     "ntk_kind", "ntk_matrix", "probe_inputs", "probe_schema", "field_doc", "probe_fields", "summary_mean", "mean_sem",
-    "format_mean_sem",
+    "NO_SE", "format_mean_sem",
 ]
 
 
@@ -250,6 +250,10 @@ def mean_sem(values: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error ``std(ddof=1) / sqrt(n)`` of ``values`` (NaN for the SE of fewer than 2)."""
     v = np.asarray(values, dtype=float)
     return float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+
+
+#: the verdict of a comparison where a side has a single seed: it has no SE, so no claim either way
+NO_SE = "one seed: no SE"
 
 
 def format_mean_sem(mean: float, sem: float, digits: int = 2) -> str:

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from runlog import Run
 
 from .cli import open_study, publish_study, warn
-from .data import config_key, final_return, finished, format_mean_sem, learning_curve, summary_mean
+from .data import NO_SE, config_key, final_return, finished, format_mean_sem, learning_curve, summary_mean
 from .html import Table
 from .plots import activation_color, mean_curves, save
 
@@ -123,7 +123,7 @@ def above_random(mean: float, sem: float, r_mean: float, r_sem: float) -> str:
     if not math.isfinite(r_mean):
         return "(no baseline)"
     if not math.isfinite(sem):
-        return "(one seed: no SE)"
+        return f"({NO_SE})"
     if not math.isfinite(r_sem):
         return "(one episode: no SE)"
     return "yes" if mean - r_mean > 3 * math.sqrt(sem ** 2 + r_sem ** 2) else "no"

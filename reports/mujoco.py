@@ -36,8 +36,8 @@ from matplotlib.figure import Figure
 from runlog import Run
 
 from .cli import StudyInputError, open_study, publish_study
-from .data import (config_key, config_labels, final_return, finished, format_mean_sem, learning_curve, mean_sem,
-                   summary_mean)
+from .data import (NO_SE, config_key, config_labels, final_return, finished, format_mean_sem, learning_curve,
+                   mean_sem, summary_mean)
 from .html import Table
 from .plots import activation_color, buffer_axes, buffer_line, mean_curves, save
 
@@ -159,10 +159,6 @@ def normalised_aggregates(found: Sequence[Group], reps: int = 2000) -> list[list
                          f"{agg.iqm:.3f} [{agg.iqm_ci[0]:.3f}, {agg.iqm_ci[1]:.3f}]",
                          f"{agg.mean:.3f} [{agg.mean_ci[0]:.3f}, {agg.mean_ci[1]:.3f}]"])
     return rows
-
-
-#: the verdict where a side has a single seed: no SE, so no claim either way
-NO_SE = "one seed: no SE"
 
 
 def _versus(mine: tuple[float, float], theirs: tuple[float, float]) -> list[str]:

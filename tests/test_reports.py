@@ -380,10 +380,11 @@ def test_atari_human_normalised_scores_are_the_last_evaluations_against_random_a
 
 def test_minatar_above_random_needs_an_se_on_both_sides():
     """A single seed (or a single random episode) has no SE: no verdict, never a "yes" on one run."""
+    from reports.data import NO_SE
     from reports.minatar import above_random
 
     assert above_random(10.0, 1.0, 2.0, 1.0) == "yes"  # 8 > 3 sqrt(2)
     assert above_random(5.0, 1.0, 2.0, 1.0) == "no"  # 3 < 3 sqrt(2)
-    assert above_random(10.0, float("nan"), 2.0, 1.0) == "(one seed: no SE)"
+    assert above_random(10.0, float("nan"), 2.0, 1.0) == f"({NO_SE})"
     assert above_random(10.0, 1.0, 2.0, float("nan")) == "(one episode: no SE)"
     assert above_random(10.0, 1.0, float("nan"), float("nan")) == "(no baseline)"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from reports import mujoco
+from reports.data import NO_SE
 from reports.cli import StudyInputError
 from runlog import Run
 
@@ -63,5 +64,5 @@ def test_elephant_against_gives_a_verdict_only_where_both_sides_have_an_se():
     rows = {(r[2], r[3]): (r[4], r[5], r[7]) for r in mujoco.elephant_against(found)}
     assert rows == {("1,000", "relu"): ("+6.0", "Elephant higher", "Elephant higher"),  # 11 ± 1 vs 5 ± 1
                     ("1,000", "lwta"): ("+1.0", "overlap", "overlap"),                  # 11 ± 1 vs 10 ± 1
-                    ("100", "relu"): ("+2.0", mujoco.NO_SE, mujoco.NO_SE),
-                    ("10", "relu"): ("-2.0", mujoco.NO_SE, mujoco.NO_SE)}
+                    ("100", "relu"): ("+2.0", NO_SE, NO_SE),
+                    ("10", "relu"): ("-2.0", NO_SE, NO_SE)}
